@@ -1,0 +1,224 @@
+//! `MyDatabase` (example.com/v1): a PostgreSQL database run by the member agent as a
+//! StatefulSet. On the hub it is a template whose `spec.replicas` is the total across
+//! clusters; on a member it is the local instance.
+
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A PostgreSQL database. The member agent turns it into a StatefulSet with a read-write
+/// Service `<name>`, a read-only Service `<name>-ro` and a ConfigMap `<name>-config`. On
+/// the federation hub, `spec.replicas` is the total to place across member clusters.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "example.com",
+    version = "v1",
+    kind = "MyDatabase",
+    doc = "A PostgreSQL database run as a StatefulSet by the Bulkhead agent; on the federation hub, a template placed across member clusters.",
+    plural = "mydatabases",
+    singular = "mydatabase",
+    shortname = "db",
+    namespaced,
+    status = "MyDatabaseStatus",
+    derive = "PartialEq",
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas"
+    ),
+    printcolumn(
+        name = "Replicas",
+        type_ = "integer",
+        json_path = ".spec.replicas",
+        description = "Desired replicas (on the hub: total across clusters)"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "integer",
+        json_path = ".status.readyReplicas",
+        description = "Replicas that pass their readiness probe"
+    ),
+    printcolumn(
+        name = "Version",
+        type_ = "string",
+        json_path = ".spec.version",
+        description = "PostgreSQL major version"
+    ),
+    printcolumn(
+        name = "Phase",
+        type_ = "string",
+        json_path = ".status.phase",
+        description = "Lifecycle phase"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct MyDatabaseSpec {
+    /// Number of PostgreSQL replicas, 1 to 10. On the federation hub this is the total
+    /// across all member clusters; in a member cluster it is the local count.
+    #[serde(default = "default_replicas")]
+    #[schemars(range(min = 1, max = 10))]
+    pub replicas: i32,
+
+    /// PostgreSQL major version, used as the image tag (for example "14" or "16.2").
+    #[serde(default = "default_version")]
+    #[schemars(regex(pattern = r"^[0-9]{1,2}(\.[0-9]{1,2})?$"), length(max = 5))]
+    pub version: String,
+
+    /// Image repository to run instead of the default `postgres`; the tag is always
+    /// `spec.version`. Tenants may set a default for this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 255))]
+    pub image: Option<String>,
+
+    /// Persistent storage for each replica. Immutable after creation, because a
+    /// StatefulSet's volume claim templates cannot change: create a new database to resize.
+    #[serde(default)]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.storage is immutable after creation; create a new MyDatabase to change size or class"))]
+    pub storage: DatabaseStorage,
+
+    /// CPU and memory requests and limits for each replica.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+
+    /// Serve read-only when true. Fencing (the hub's lease going stale) also makes the
+    /// database read-only; it adds to this setting and never clears it.
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+fn default_replicas() -> i32 {
+    1
+}
+
+fn default_version() -> String {
+    "14".to_string()
+}
+
+/// Storage for each replica's data volume.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DatabaseStorage {
+    /// Size of each replica's volume, as a Kubernetes quantity (for example 1Gi).
+    #[serde(default = "default_storage_size")]
+    #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"))]
+    pub size: String,
+
+    /// StorageClass for the volumes; empty uses the cluster's default class. Tenants may
+    /// set a default for this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class_name: Option<String>,
+}
+
+fn default_storage_size() -> String {
+    "1Gi".to_string()
+}
+
+impl Default for DatabaseStorage {
+    fn default() -> Self {
+        DatabaseStorage {
+            size: default_storage_size(),
+            storage_class_name: None,
+        }
+    }
+}
+
+impl Default for MyDatabaseSpec {
+    fn default() -> Self {
+        MyDatabaseSpec {
+            replicas: default_replicas(),
+            version: default_version(),
+            image: None,
+            storage: DatabaseStorage::default(),
+            resources: None,
+            read_only: false,
+        }
+    }
+}
+
+/// Lifecycle phase of a MyDatabase.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum DatabasePhase {
+    /// Accepted, nothing created yet.
+    #[default]
+    Pending,
+    /// The StatefulSet exists and replicas are starting or updating.
+    Provisioning,
+    /// Every replica is ready and the database accepts writes.
+    Ready,
+    /// Some replicas are not ready, or a requested change was refused.
+    Degraded,
+    /// Serving reads only: requested by `spec.readOnly` or fenced because the hub is unreachable.
+    ReadOnly,
+    /// Being deleted.
+    Deleting,
+}
+
+/// Observed state of a MyDatabase.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct MyDatabaseStatus {
+    /// The metadata.generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Lifecycle phase: Pending, Provisioning, Ready, Degraded, ReadOnly or Deleting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<DatabasePhase>,
+
+    /// Replicas that exist (on the hub: summed over member clusters).
+    #[serde(default)]
+    pub replicas: i32,
+
+    /// Replicas that pass their readiness probe (on the hub: summed over reachable clusters).
+    #[serde(default)]
+    pub ready_replicas: i32,
+
+    /// Ready, Progressing, ReadOnly and Degraded, in the metav1.Condition shape.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+
+    /// On the hub only: one row per member cluster the database is placed in.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub clusters: Vec<DatabaseClusterStatus>,
+}
+
+/// The state of one placement of a MyDatabase in a member cluster (hub only).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct DatabaseClusterStatus {
+    /// Member cluster name.
+    pub name: String,
+
+    /// Replicas placed in this cluster.
+    #[serde(default)]
+    pub replicas: i32,
+
+    /// Replicas ready in this cluster when it was last seen; 0 while it is unreachable.
+    #[serde(default)]
+    pub ready_replicas: i32,
+
+    /// The member copy reports that it serves read-only.
+    #[serde(default)]
+    pub read_only: bool,
+
+    /// The hub cannot reach this cluster and assumes its agent has fenced the database
+    /// read-only (the agent does so when the hub's lease goes stale).
+    #[serde(default)]
+    pub fenced: bool,
+
+    /// Phase reported by the member copy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<DatabasePhase>,
+
+    /// When the hub last read this cluster's copy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_seen: Option<Time>,
+}

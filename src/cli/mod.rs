@@ -1,0 +1,51 @@
+//! Command-line parsing and the short-lived user commands.
+
+pub mod crd;
+
+use clap::{Parser, Subcommand};
+
+use crate::agent::AgentOptions;
+use crate::hub::HubOptions;
+use crate::telemetry::LogFormat;
+
+/// Bulkhead: multi-cluster Kubernetes federation that never makes a network partition worse.
+#[derive(Parser, Debug)]
+#[command(name = "bulkhead", version, about, propagate_version = true)]
+pub struct Cli {
+    /// Log format.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "text",
+        env = "BULKHEAD_LOG_FORMAT"
+    )]
+    pub log_format: LogFormat,
+    /// Log level or filter, for example `info` or `bulkhead=debug` (default: $RUST_LOG, else info).
+    #[arg(long, global = true, env = "BULKHEAD_LOG_LEVEL")]
+    pub log_level: Option<String>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the federation hub against the hub API server.
+    Hub(HubOptions),
+    /// Run the member agent (MyDatabase operator and fence watcher) in a member cluster.
+    Agent(AgentOptions),
+    /// Print Bulkhead's CustomResourceDefinitions as YAML, or write/check them in a directory.
+    Crd(crd::CrdOptions),
+}
+
+/// Runs the parsed command.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    crate::telemetry::init(cli.log_format, cli.log_level.as_deref());
+    match cli.command {
+        Command::Hub(options) => crate::hub::run(options).await?,
+        Command::Agent(options) => crate::agent::run(options).await?,
+        Command::Crd(options) => crd::run(&options)?,
+    }
+    Ok(())
+}

@@ -1,0 +1,14 @@
+//! Bulkhead: a multi-cluster Kubernetes federation controller that never makes a network
+//! partition worse. See `docs/architecture.md` for how the pieces fit together.
+
+pub mod agent;
+pub mod api;
+pub mod cli;
+pub mod error;
+pub mod hub;
+pub mod metrics;
+pub mod process;
+pub mod server;
+pub mod telemetry;
+
+pub use error::{Error, Result};
