@@ -34,7 +34,7 @@ unit:
 
 ## e2e: the end-to-end tests against the lab's real control planes (builds the lab binaries on first use)
 e2e: lab-binaries
-	$(CARGO) test -p bulkhead-e2e --tests -- --test-threads=1
+	e2e/run-e2e.sh
 
 build:
 	$(CARGO) build --workspace

@@ -1,1 +1,9 @@
-pub fn x() {}
+//! The local federation lab (real Kubernetes control planes as processes) and the
+//! support code Bulkhead's end-to-end tests use. See `docs/lab.md`.
+
+pub mod lab;
+pub mod support;
+pub mod wait;
+
+pub use lab::{CLUSTERS, ClusterInfo, Lab, UpOutcome};
+pub use wait::{Check, wait_for};

@@ -1,1 +1,107 @@
-fn main() {}
+//! `e2e/lab`: the federation lab for people. See `docs/lab.md`.
+
+use anyhow::Result;
+use bulkhead_e2e::lab::{self, Lab, UpOutcome};
+use clap::{Parser, Subcommand};
+
+/// A hub and three member clusters (east, west, north) from real Kubernetes control planes.
+#[derive(Parser)]
+#[command(name = "e2e/lab")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start the lab (or report that it runs); cleans up a crashed lab first.
+    Up,
+    /// Stop every lab process, remove partitions and the lab directory.
+    Down,
+    /// Show each cluster's processes, API server health and partition state.
+    Status,
+    /// Print shell exports (KUBECONFIG for the hub, PATH with the lab's kubectl and helm).
+    Env,
+    /// Print the path of a cluster's admin kubeconfig.
+    Kubeconfig {
+        /// hub, east, west or north.
+        cluster: String,
+        /// Through 127.0.0.1, which still works while the member is partitioned.
+        #[arg(long)]
+        inside: bool,
+    },
+    /// Cut the hub off a member (its external address times out).
+    Partition { member: String },
+    /// Undo `partition` for a member.
+    Heal { member: String },
+    /// Cut the hub off every member.
+    IsolateHub,
+    /// Heal every partition.
+    HealAll,
+    /// Install Bulkhead's CRDs (config/crd/) on every cluster and wait until Established.
+    InstallCrds,
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let lab = Lab::from_env();
+    match Cli::parse().command {
+        Command::Up => match lab.up().await? {
+            UpOutcome::Started { seconds } => {
+                println!("lab: all clusters ready in {seconds} s");
+                print!("{}", lab.status().await?);
+                println!("use it: eval \"$(e2e/lab env)\"; stop it: make lab-down");
+            }
+            UpOutcome::AlreadyRunning => {
+                println!(
+                    "lab: already running in {}; nothing to do",
+                    lab.root.display()
+                );
+            }
+        },
+        Command::Down => {
+            lab.down()?;
+            println!("lab: stopped and removed {}", lab.root.display());
+        }
+        Command::Status => print!("{}", lab.status().await?),
+        Command::Env => print!("{}", lab::shell_env(&lab)),
+        Command::Kubeconfig { cluster, inside } => {
+            lab::cluster(&cluster)?;
+            let path = if inside {
+                lab.inside_kubeconfig(&cluster)
+            } else {
+                lab.kubeconfig(&cluster)
+            };
+            println!("{}", path.display());
+        }
+        Command::Partition { member } => {
+            lab.partition(&member)?;
+            println!("lab: {member} is cut off from outside its zone");
+        }
+        Command::Heal { member } => {
+            lab.heal(&member)?;
+            println!("lab: {member} is reachable again");
+        }
+        Command::IsolateHub => {
+            lab.isolate_hub()?;
+            println!("lab: the hub is cut off from every member");
+        }
+        Command::InstallCrds => {
+            for info in lab::CLUSTERS.iter() {
+                let names = lab.install_crds(info.name, &lab::crd_dir()).await?;
+                println!(
+                    "lab: {:<6} {} CRDs Established: {}",
+                    info.name,
+                    names.len(),
+                    names.join(", ")
+                );
+            }
+        }
+        Command::HealAll => {
+            lab.heal_all()?;
+            println!("lab: every partition healed");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,103 @@
+//! Zone partitions with iptables: a DROP rule on a member's external address and API
+//! port makes the hub's new connections time out and open ones stall, as a real
+//! partition does, while the member's own components (on 127.0.0.1) keep working.
+//! Rules are narrow and tagged with a comment `bulkhead-lab:<member>`.
+
+use std::net::Ipv4Addr;
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+const TAG_PREFIX: &str = "bulkhead-lab:";
+
+fn iptables(args: &[&str]) -> Result<String> {
+    let output = Command::new("iptables").args(args).output().map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            anyhow::anyhow!(
+                "iptables is not installed; partitions need it: run `apt-get install -y iptables` (as root)"
+            )
+        } else {
+            anyhow::anyhow!("running iptables: {e}")
+        }
+    })?;
+    if !output.status.success() {
+        bail!(
+            "iptables {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// The lab's rules, as `iptables -S INPUT` prints them (quotes removed; our tags have no
+/// spaces), optionally only one cluster's.
+fn lab_rules(cluster: Option<&str>) -> Result<Vec<String>> {
+    let tag = match cluster {
+        Some(name) => format!("--comment {TAG_PREFIX}{name} "),
+        None => format!("--comment {TAG_PREFIX}"),
+    };
+    Ok(iptables(&["-S", "INPUT"])?
+        .lines()
+        .map(|line| line.replace('"', ""))
+        .filter(|line| line.starts_with("-A INPUT") && format!("{line} ").contains(&tag))
+        .collect())
+}
+
+/// Whether `cluster` is currently cut off.
+pub fn is_partitioned(cluster: &str) -> Result<bool> {
+    Ok(!lab_rules(Some(cluster))?.is_empty())
+}
+
+/// Cuts `cluster`'s external address and port off; a no-op when already cut.
+pub fn partition(cluster: &str, address: Ipv4Addr, port: u16) -> Result<()> {
+    if is_partitioned(cluster)? {
+        return Ok(());
+    }
+    let destination = format!("{address}/32");
+    let port = port.to_string();
+    let tag = format!("{TAG_PREFIX}{cluster}");
+    iptables(&[
+        "-I",
+        "INPUT",
+        "-d",
+        &destination,
+        "-p",
+        "tcp",
+        "--dport",
+        &port,
+        "-m",
+        "comment",
+        "--comment",
+        &tag,
+        "-j",
+        "DROP",
+    ])
+    .with_context(|| format!("partitioning {cluster}"))?;
+    Ok(())
+}
+
+fn delete(rules: Vec<String>) -> Result<()> {
+    for rule in rules {
+        let args: Vec<&str> = rule.split_whitespace().collect();
+        let mut delete = vec!["-D"];
+        delete.extend(&args[1..]);
+        iptables(&delete)?;
+    }
+    Ok(())
+}
+
+/// Removes `cluster`'s partition rules.
+pub fn heal(cluster: &str) -> Result<()> {
+    delete(lab_rules(Some(cluster))?)
+}
+
+/// Removes every lab rule (used by `down` and before `up`). Succeeds without iptables,
+/// since then there can be no rules.
+pub fn clear_all() -> Result<()> {
+    match lab_rules(None) {
+        Ok(rules) => delete(rules),
+        Err(e) if e.to_string().contains("not installed") => Ok(()),
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,116 @@
+//! What end-to-end tests use: the lab (started on first use, reused afterwards), a
+//! client per cluster, a unique namespace per test that is deleted afterwards, and
+//! partitions that heal when the test ends, even when it fails.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+
+use crate::lab::{Lab, UpOutcome, client_from};
+
+/// Starts the lab unless it is already running, and returns it. Lab operations are
+/// serialised by a file lock, so concurrent tests and a person's `e2e/lab up` agree.
+pub async fn lab() -> Result<Lab> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let lab = Lab::from_env();
+    if !lab.is_running().await {
+        match lab.up().await? {
+            UpOutcome::Started { seconds } => eprintln!("e2e: started the lab in {seconds} s"),
+            UpOutcome::AlreadyRunning => {}
+        }
+    }
+    Ok(lab)
+}
+
+/// A namespace created in several clusters for one test, deleted when dropped.
+pub struct TestNamespace {
+    pub name: String,
+    /// Kubeconfigs of the clusters holding the namespace. Drop builds fresh clients from
+    /// them: a client is bound to the runtime that created it, which Drop may be blocking.
+    kubeconfigs: Vec<PathBuf>,
+}
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+impl TestNamespace {
+    /// Creates `e2e-<prefix>-<unique>` in every cluster of `clusters`.
+    pub async fn create(lab: &Lab, prefix: &str, clusters: &[&str]) -> Result<Self> {
+        let name = format!(
+            "e2e-{prefix}-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        );
+        let mut kubeconfigs = vec![];
+        for cluster in clusters {
+            let client = lab.inside_client(cluster).await?;
+            let namespace: Namespace = serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": name, "labels": {"bulkhead-e2e": "true"}}
+            }))?;
+            Api::<Namespace>::all(client.clone())
+                .create(&PostParams::default(), &namespace)
+                .await
+                .with_context(|| format!("creating namespace {name} in {cluster}"))?;
+            kubeconfigs.push(lab.inside_kubeconfig(cluster));
+        }
+        Ok(TestNamespace { name, kubeconfigs })
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        let kubeconfigs = std::mem::take(&mut self.kubeconfigs);
+        // Drop cannot await; delete from a short-lived runtime on its own thread.
+        let _ = std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            runtime.block_on(async {
+                for kubeconfig in kubeconfigs {
+                    if let Ok(client) = client_from(&kubeconfig).await {
+                        let _ = Api::<Namespace>::all(client)
+                            .delete(&name, &DeleteParams::background())
+                            .await;
+                    }
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// A member cut off from the hub for as long as the guard lives.
+pub struct Partition<'a> {
+    lab: &'a Lab,
+    member: String,
+}
+
+impl<'a> Partition<'a> {
+    /// Partitions `member` (see [`Lab::partition`]).
+    pub fn start(lab: &'a Lab, member: &str) -> Result<Self> {
+        lab.partition(member)?;
+        Ok(Partition {
+            lab,
+            member: member.to_string(),
+        })
+    }
+
+    /// Heals now.
+    pub fn heal(self) -> Result<()> {
+        self.lab.heal(&self.member)
+    }
+}
+
+impl Drop for Partition<'_> {
+    fn drop(&mut self) {
+        let _ = self.lab.heal(&self.member);
+    }
+}

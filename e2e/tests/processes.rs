@@ -1,0 +1,131 @@
+//! `bulkhead hub` and `bulkhead agent` start, connect to a real API server, wait for
+//! their CRDs, report ready on /readyz, serve /metrics, and stop cleanly on SIGTERM.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use bulkhead_e2e::lab;
+use bulkhead_e2e::support;
+use bulkhead_e2e::{Check, wait_for};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+fn bulkhead_binary() -> Result<PathBuf> {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let path = target.join("debug/bulkhead");
+    if !path.is_file() {
+        bail!(
+            "{} is missing; run `cargo build -p bulkhead` first (make e2e does)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn get(port: u16, path: &str) -> Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await?;
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await?;
+    let status = raw.get(9..12).context("short response")?.parse()?;
+    Ok((
+        status,
+        raw.split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default(),
+    ))
+}
+
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn start_connect_stop(subcommand: &str, cluster: &str) -> Result<()> {
+    let lab = support::lab().await?;
+    lab.install_crds(cluster, &lab::crd_dir()).await?;
+    let port = free_port();
+    let child = Command::new(bulkhead_binary()?)
+        .args([subcommand, "--kubeconfig"])
+        .arg(lab.kubeconfig(cluster))
+        .args([
+            "--probe-address",
+            &format!("127.0.0.1:{port}"),
+            "--log-format",
+            "json",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let mut running = Running(child);
+
+    wait_for(
+        &format!("bulkhead {subcommand} /readyz"),
+        Duration::from_secs(30),
+        || async move {
+            match get(port, "/readyz").await {
+                Ok((200, _)) => Check::Done(()),
+                Ok((status, body)) => Check::Waiting(format!("{status} {body}")),
+                Err(e) => Check::Waiting(e.to_string()),
+            }
+        },
+    )
+    .await?;
+    let (status, _) = get(port, "/healthz").await?;
+    assert_eq!(status, 200);
+    let (status, metrics) = get(port, "/metrics").await?;
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains(&format!("process=\"{subcommand}\"")),
+        "{metrics}"
+    );
+
+    kill(Pid::from_raw(running.0.id() as i32), Signal::SIGTERM)?;
+    let stopping = Instant::now();
+    let exit = loop {
+        if let Some(status) = running.0.try_wait()? {
+            break status;
+        }
+        if stopping.elapsed() > Duration::from_secs(10) {
+            bail!("bulkhead {subcommand} did not stop within 10 s of SIGTERM");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    eprintln!(
+        "bulkhead {subcommand} stopped {:?} after SIGTERM",
+        stopping.elapsed()
+    );
+    assert!(exit.success(), "clean exit, got {exit:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn hub_starts_connects_and_stops_on_sigterm() -> Result<()> {
+    start_connect_stop("hub", "hub").await
+}
+
+#[tokio::test]
+async fn agent_starts_connects_and_stops_on_sigterm() -> Result<()> {
+    start_connect_stop("agent", "north").await
+}
