@@ -69,3 +69,55 @@ impl Error {
         }
     }
 }
+
+/// How an API error should be handled, the way a Kubernetes user expects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApiErrorKind {
+    /// 404: the object (or its namespace) is gone.
+    NotFound,
+    /// 409: someone else changed the object; re-read and retry at once.
+    Conflict,
+    /// 400/422: the object we sent is invalid; report it and wait for a change.
+    Invalid,
+    /// 401/403: our credentials cannot do this.
+    Forbidden,
+    /// Timeouts, 429, 5xx and connection failures: back off and retry.
+    Transient,
+}
+
+/// Classifies a kube error.
+pub fn classify(error: &kube::Error) -> ApiErrorKind {
+    match error {
+        kube::Error::Api(status) => match status.code {
+            404 => ApiErrorKind::NotFound,
+            409 => ApiErrorKind::Conflict,
+            400 | 422 => ApiErrorKind::Invalid,
+            401 | 403 => ApiErrorKind::Forbidden,
+            _ => ApiErrorKind::Transient,
+        },
+        _ => ApiErrorKind::Transient,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api_error(code: u16) -> kube::Error {
+        kube::Error::Api(Box::new(kube::core::Status {
+            code,
+            ..Default::default()
+        }))
+    }
+
+    #[test]
+    fn classifies_by_status_code() {
+        assert_eq!(classify(&api_error(404)), ApiErrorKind::NotFound);
+        assert_eq!(classify(&api_error(409)), ApiErrorKind::Conflict);
+        assert_eq!(classify(&api_error(422)), ApiErrorKind::Invalid);
+        assert_eq!(classify(&api_error(400)), ApiErrorKind::Invalid);
+        assert_eq!(classify(&api_error(403)), ApiErrorKind::Forbidden);
+        assert_eq!(classify(&api_error(500)), ApiErrorKind::Transient);
+        assert_eq!(classify(&api_error(429)), ApiErrorKind::Transient);
+    }
+}

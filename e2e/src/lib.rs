@@ -1,6 +1,7 @@
 //! The local federation lab (real Kubernetes control planes as processes) and the
 //! support code Bulkhead's end-to-end tests use. See `docs/lab.md`.
 
+pub mod agent_support;
 pub mod lab;
 pub mod support;
 pub mod wait;

@@ -114,3 +114,23 @@ impl Drop for Partition<'_> {
         let _ = self.lab.heal(&self.member);
     }
 }
+
+/// Asserts that an API call was refused as invalid (422) with a message containing
+/// `fragment`, and returns the message.
+pub fn expect_invalid<T: std::fmt::Debug>(
+    result: Result<T, kube::Error>,
+    fragment: &str,
+) -> String {
+    match result {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 422, "expected 422 Invalid: {}", status.message);
+            assert!(
+                status.message.contains(fragment),
+                "expected {fragment:?} in {:?}",
+                status.message
+            );
+            status.message.clone()
+        }
+        other => panic!("expected the API server to refuse it as invalid, got {other:?}"),
+    }
+}

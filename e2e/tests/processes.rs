@@ -1,38 +1,16 @@
 //! `bulkhead hub` and `bulkhead agent` start, connect to a real API server, wait for
 //! their CRDs, report ready on /readyz, serve /metrics, and stop cleanly on SIGTERM.
 
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use bulkhead_e2e::agent_support::{bulkhead_binary, free_port};
 use bulkhead_e2e::lab;
 use bulkhead_e2e::support;
 use bulkhead_e2e::{Check, wait_for};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-
-fn bulkhead_binary() -> Result<PathBuf> {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let path = target.join("debug/bulkhead");
-    if !path.is_file() {
-        bail!(
-            "{} is missing; run `cargo build -p bulkhead` first (make e2e does)",
-            path.display()
-        );
-    }
-    Ok(path)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 async fn get(port: u16, path: &str) -> Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

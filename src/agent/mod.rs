@@ -1,12 +1,30 @@
 //! The member side: the MyDatabase operator and the fence watcher.
+//!
+//! - `builders`: the children of a MyDatabase (pure);
+//! - `status`: its status (pure);
+//! - `fence`: the hub-lease watcher that decides whether this member is fenced;
+//! - `reconciler`: read -> build -> apply -> report.
 
+pub mod builders;
+pub mod fence;
+pub mod reconciler;
+pub mod status;
+
+use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use kube::Api;
+use kube::runtime::controller::Controller;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::watcher;
+use tokio::sync::watch;
 
 use crate::Result;
-use crate::api::MyDatabase;
-use crate::process::{ClientOptions, Process, ServeOptions, observe_kind};
+use crate::api::{MyDatabase, SYSTEM_NAMESPACE};
+use crate::process::{ClientOptions, Process, ServeOptions};
+use fence::FenceSettings;
+use reconciler::{AgentMetrics, Context};
 
 /// The CRDs the agent needs in its member cluster.
 pub const AGENT_CRDS: &[&str] = &["mydatabases.example.com"];
@@ -18,18 +36,114 @@ pub struct AgentOptions {
     pub client: ClientOptions,
     #[command(flatten)]
     pub serve: ServeOptions,
+    /// Manage MyDatabases in this namespace only (default: every namespace).
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// Standalone use without a hub: never fence.
+    #[arg(long)]
+    pub no_fencing: bool,
+    /// Namespace of the hub's fencing Lease.
+    #[arg(long, default_value = SYSTEM_NAMESPACE)]
+    pub lease_namespace: String,
+    /// Name of the hub's fencing Lease.
+    #[arg(long, default_value = "bulkhead-hub")]
+    pub lease_name: String,
+    /// Lease duration assumed until the Lease states its own (seconds).
+    #[arg(long, default_value_t = 10.0)]
+    pub lease_duration_seconds: f64,
+    /// How long the Lease must be fresh again before writes resume (seconds; default 2 x
+    /// the hub's 2 s renew interval).
+    #[arg(long, default_value_t = 4.0)]
+    pub unfence_after_seconds: f64,
+    /// Upper bound for one reconcile (seconds).
+    #[arg(long, default_value_t = 30)]
+    pub reconcile_timeout_seconds: u64,
 }
 
 /// Runs the agent until SIGTERM.
 pub async fn run(options: AgentOptions) -> Result<()> {
     let process = Process::start("agent", &options.client, &options.serve).await?;
     let wait = Duration::from_secs(options.serve.crd_wait_seconds);
-    if process.wait_for_crds(AGENT_CRDS, wait).await? {
-        process.readiness.set_ready();
-        tracing::info!("agent ready");
-        let databases: Api<MyDatabase> = Api::all(process.client.clone());
-        observe_kind(&process, databases, "mydatabase").await;
+    if !process.wait_for_crds(AGENT_CRDS, wait).await? {
+        process.finish().await;
+        return Ok(());
     }
+    let client = process.client.clone();
+    let agent_metrics = AgentMetrics::register(&process.metrics);
+    let reporter = Reporter {
+        controller: "bulkhead-agent".into(),
+        instance: std::env::var("POD_NAME")
+            .ok()
+            .or_else(|| std::env::var("HOSTNAME").ok()),
+    };
+    let recorder = Recorder::new(client.clone(), reporter);
+
+    let (fenced_tx, fenced_rx) = watch::channel(!options.no_fencing);
+    if options.no_fencing {
+        tracing::warn!(
+            "fencing disabled (--no-fencing): databases stay writable whatever the hub does"
+        );
+    } else {
+        let settings = FenceSettings {
+            namespace: options.lease_namespace.clone(),
+            name: options.lease_name.clone(),
+            lease_duration: Duration::from_secs_f64(options.lease_duration_seconds),
+            unfence_after: Duration::from_secs_f64(options.unfence_after_seconds),
+        };
+        tokio::spawn(fence::watch_lease(
+            client.clone(),
+            settings,
+            fenced_tx,
+            recorder.clone(),
+            process.shutdown.clone(),
+        ));
+    }
+    let gauge = agent_metrics.fenced.clone();
+    let fence_changes = futures::stream::unfold(fenced_rx.clone(), move |mut rx| {
+        let gauge = gauge.clone();
+        async move {
+            gauge.set(i64::from(*rx.borrow_and_update()));
+            rx.changed().await.ok()?;
+            gauge.set(i64::from(*rx.borrow()));
+            Some(((), rx))
+        }
+    });
+
+    let context = Arc::new(Context::new(
+        client.clone(),
+        process.metrics.clone(),
+        agent_metrics,
+        recorder,
+        fenced_rx,
+        Duration::from_secs(options.reconcile_timeout_seconds),
+    ));
+    let databases: Api<MyDatabase> = match &options.namespace {
+        Some(namespace) => Api::namespaced(client.clone(), namespace),
+        None => Api::all(client.clone()),
+    };
+    let (statefulsets, services, config_maps) =
+        reconciler::owned_kinds(&client, options.namespace.as_deref());
+    let children = watcher::Config::default().labels("app.kubernetes.io/managed-by=bulkhead-agent");
+    process.readiness.set_ready();
+    tracing::info!(
+        namespace = options.namespace.as_deref().unwrap_or("<all>"),
+        "agent ready"
+    );
+
+    let shutdown = process.shutdown.clone();
+    Controller::new(databases, watcher::Config::default())
+        .owns(statefulsets, children.clone())
+        .owns(services, children.clone())
+        .owns(config_maps, children)
+        .reconcile_all_on(fence_changes)
+        .graceful_shutdown_on(async move { shutdown.cancelled().await })
+        .run(reconciler::reconcile, reconciler::error_policy, context)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, "reconcile event");
+            }
+        })
+        .await;
     process.finish().await;
     Ok(())
 }

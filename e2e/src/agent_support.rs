@@ -1,0 +1,156 @@
+//! Running `bulkhead agent` as a process in a lab member, and playing the hub's part of
+//! the fencing protocol from a test.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client};
+use tokio::task::JoinHandle;
+
+use crate::lab::Lab;
+
+/// The `bulkhead` binary built in this workspace.
+pub fn bulkhead_binary() -> Result<PathBuf> {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let path = target.join("debug/bulkhead");
+    if !path.is_file() {
+        bail!(
+            "{} is missing; run `cargo build -p bulkhead` first (make e2e does)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(0)
+}
+
+/// A `bulkhead agent` process, killed when dropped.
+pub struct AgentProcess {
+    child: Child,
+    pub probe_port: u16,
+    pub log: PathBuf,
+}
+
+impl AgentProcess {
+    /// Starts the agent in `cluster` (through 127.0.0.1, inside the zone) for `namespace`
+    /// only, with extra arguments such as the lease settings.
+    pub fn start(lab: &Lab, cluster: &str, namespace: &str, extra: &[&str]) -> Result<Self> {
+        let probe_port = free_port();
+        let log = lab.log_dir(cluster).join(format!("agent-{namespace}.log"));
+        let out =
+            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let child = Command::new(bulkhead_binary()?)
+            .arg("agent")
+            .arg("--kubeconfig")
+            .arg(lab.inside_kubeconfig(cluster))
+            .args([
+                "--namespace",
+                namespace,
+                "--probe-address",
+                &format!("127.0.0.1:{probe_port}"),
+            ])
+            .args(extra)
+            .env("RUST_LOG", "info,bulkhead=debug")
+            .stdout(Stdio::null())
+            .stderr(out)
+            .spawn()?;
+        Ok(AgentProcess {
+            child,
+            probe_port,
+            log,
+        })
+    }
+
+    /// The agent's log so far (for failure messages).
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Renews a Lease the way the hub does, until stopped.
+pub struct LeaseRenewer {
+    task: JoinHandle<()>,
+}
+
+/// Writes the Lease once with renewTime = now.
+pub async fn renew_lease(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    duration_seconds: i32,
+) -> Result<()> {
+    let lease: Lease = serde_json::from_value(serde_json::json!({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "holderIdentity": "e2e-hub",
+            "leaseDurationSeconds": duration_seconds,
+            "renewTime": MicroTime(jiff::Timestamp::now()),
+        }
+    }))?;
+    Api::<Lease>::namespaced(client.clone(), namespace)
+        .patch(
+            name,
+            &PatchParams::apply("e2e-hub").force(),
+            &Patch::Apply(&lease),
+        )
+        .await?;
+    Ok(())
+}
+
+impl LeaseRenewer {
+    /// Renews `namespace/name` every `interval`.
+    pub fn start(
+        client: Client,
+        namespace: &str,
+        name: &str,
+        duration_seconds: i32,
+        interval: Duration,
+    ) -> Self {
+        let (namespace, name) = (namespace.to_string(), name.to_string());
+        let task = tokio::spawn(async move {
+            loop {
+                if let Err(error) = renew_lease(&client, &namespace, &name, duration_seconds).await
+                {
+                    eprintln!("lease renewal failed: {error}");
+                }
+                tokio::time::sleep(interval).await;
+            }
+        });
+        LeaseRenewer { task }
+    }
+
+    /// Stops renewing.
+    pub fn stop(self) {
+        self.task.abort();
+    }
+}
+
+impl Drop for LeaseRenewer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
