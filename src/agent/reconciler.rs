@@ -528,3 +528,304 @@ pub fn owned_kinds(
         ),
     }
 }
+
+/// Controller tests against a mocked API server: the exact request sequences of a
+/// reconcile, as kube-rs' controller-rs tests them.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::MyDatabaseSpec;
+    use http::{Request, Response, StatusCode};
+    use kube::client::Body;
+    use kube::runtime::events::Reporter;
+
+    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+    fn context(fenced: bool) -> (Arc<Context>, Handle) {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(service, "default");
+        let metrics = Arc::new(Metrics::new("test"));
+        let agent_metrics = AgentMetrics::register(&metrics);
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "test".into(),
+                instance: None,
+            },
+        );
+        let (_tx, rx) = watch::channel(fenced);
+        let context = Context::new(
+            client,
+            metrics,
+            agent_metrics,
+            recorder,
+            rx,
+            Duration::from_secs(5),
+        );
+        (Arc::new(context), handle)
+    }
+
+    fn orders(finalizer: bool, deleting: bool) -> MyDatabase {
+        let mut db = MyDatabase::new(
+            "orders",
+            MyDatabaseSpec {
+                replicas: 3,
+                ..Default::default()
+            },
+        );
+        db.metadata.namespace = Some("shop".into());
+        db.metadata.uid = Some("uid-1".into());
+        db.metadata.generation = Some(1);
+        db.metadata.resource_version = Some("7".into());
+        if finalizer {
+            db.metadata.finalizers = Some(vec![FINALIZER.into()]);
+        }
+        if deleting {
+            db.metadata.deletion_timestamp = Some(
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()),
+            );
+        }
+        db
+    }
+
+    fn json(status: StatusCode, body: serde_json::Value) -> Response<Body> {
+        Response::builder()
+            .status(status)
+            .body(Body::from(serde_json::to_vec(&body).unwrap()))
+            .unwrap()
+    }
+
+    fn not_found() -> Response<Body> {
+        json(
+            StatusCode::NOT_FOUND,
+            serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"}),
+        )
+    }
+
+    /// Serves requests until the reconcile ends, answering each with `answer` and
+    /// recording "METHOD path" for everything but Events.
+    fn serve(
+        mut handle: Handle,
+        answer: impl Fn(&str, &str, &serde_json::Value) -> Response<Body> + Send + 'static,
+    ) -> tokio::task::JoinHandle<(Vec<String>, Vec<serde_json::Value>)> {
+        tokio::spawn(async move {
+            let mut calls = vec![];
+            let mut events = vec![];
+            while let Some((request, send)) = handle.next_request().await {
+                let method = request.method().to_string();
+                let path = request.uri().path().to_string();
+                let query = request.uri().query().unwrap_or_default().to_string();
+                let bytes = request.into_body().collect_bytes().await.unwrap();
+                let body: serde_json::Value =
+                    serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+                if path.contains("/events") {
+                    events.push(body.clone());
+                    send.send_response(json(StatusCode::CREATED, body));
+                    continue;
+                }
+                let call = if query.is_empty() {
+                    format!("{method} {path}")
+                } else {
+                    format!("{method} {path}?{query}")
+                };
+                send.send_response(answer(&method, &path, &body));
+                calls.push(call);
+            }
+            (calls, events)
+        })
+    }
+
+    fn echo(method: &str, path: &str, body: &serde_json::Value) -> Response<Body> {
+        if path.ends_with("/statefulsets/orders") && body.is_null() {
+            return not_found();
+        }
+        if method == "DELETE" && path.ends_with("/persistentvolumeclaims") {
+            return json(
+                StatusCode::OK,
+                serde_json::json!({"kind": "PersistentVolumeClaimList", "apiVersion": "v1", "metadata": {}, "items": []}),
+            );
+        }
+        let mut body = body.clone();
+        if path.contains("/mydatabases/") {
+            body = serde_json::to_value(orders(true, false)).unwrap();
+        }
+        json(StatusCode::OK, body)
+    }
+
+    #[tokio::test]
+    async fn first_reconcile_adds_the_finalizer_and_stops() {
+        let (context, handle) = context(false);
+        let server = serve(handle, echo);
+        let action = reconcile(Arc::new(orders(false, false)), context.clone())
+            .await
+            .unwrap();
+        assert_eq!(action, Action::await_change());
+        drop(context);
+        let (calls, _) = server.await.unwrap();
+        assert_eq!(
+            calls,
+            ["PATCH /apis/example.com/v1/namespaces/shop/mydatabases/orders"],
+            "{calls:#?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn create_applies_every_child_then_writes_status_once() {
+        let (context, handle) = context(false);
+        let server = serve(handle, echo);
+        let action = reconcile(Arc::new(orders(true, false)), context.clone())
+            .await
+            .unwrap();
+        assert_eq!(
+            action,
+            Action::requeue(Duration::from_secs(30)),
+            "Provisioning: safety-net requeue"
+        );
+        drop(context);
+        let (calls, events) = server.await.unwrap();
+        let apply = "?&force=true&fieldManager=bulkhead-agent";
+        assert_eq!(
+            calls,
+            [
+                "GET /apis/apps/v1/namespaces/shop/statefulsets/orders".to_string(),
+                format!("PATCH /api/v1/namespaces/shop/configmaps/orders-config{apply}"),
+                format!("PATCH /api/v1/namespaces/shop/services/orders-headless{apply}"),
+                format!("PATCH /api/v1/namespaces/shop/services/orders{apply}"),
+                format!("PATCH /api/v1/namespaces/shop/services/orders-ro{apply}"),
+                format!("PATCH /apis/apps/v1/namespaces/shop/statefulsets/orders{apply}"),
+                "PATCH /apis/example.com/v1/namespaces/shop/mydatabases/orders/status".to_string(),
+            ],
+            "{calls:#?}"
+        );
+        let reasons: Vec<&str> = events.iter().filter_map(|e| e["reason"].as_str()).collect();
+        assert!(reasons.contains(&"PhaseChanged"), "{reasons:?}");
+    }
+
+    #[tokio::test]
+    async fn fenced_create_renders_read_only_children() {
+        let (context, handle) = context(true);
+        let bodies = Arc::new(Mutex::new(vec![]));
+        let seen = bodies.clone();
+        let server = serve(handle, move |method, path, body| {
+            if method == "PATCH"
+                && (path.ends_with("configmaps/orders-config") || path.ends_with("services/orders"))
+            {
+                seen.lock().unwrap().push(body.clone());
+            }
+            echo(method, path, body)
+        });
+        reconcile(Arc::new(orders(true, false)), context.clone())
+            .await
+            .unwrap();
+        drop(context);
+        server.await.unwrap();
+        let bodies = bodies.lock().unwrap();
+        let config = bodies[0]["data"]["postgresql.conf"].as_str().unwrap();
+        assert!(
+            config.contains("default_transaction_read_only = on"),
+            "{config}"
+        );
+        assert_eq!(
+            bodies[1]["spec"]["selector"][builders::LABEL_ACCEPTS_WRITES],
+            "true"
+        );
+    }
+
+    #[tokio::test]
+    async fn unchanged_status_is_not_written_again() {
+        let (context, handle) = context(false);
+        let mut db = orders(true, false);
+        let sts_status = serde_json::json!({"replicas": 3, "readyReplicas": 3, "updatedReplicas": 3, "observedGeneration": 1, "currentRevision": "a", "updateRevision": "a"});
+        let mut sts = serde_json::to_value(builders::statefulset(&db)).unwrap();
+        sts["metadata"]["generation"] = 1.into();
+        sts["status"] = sts_status;
+        let typed: StatefulSet = serde_json::from_value(sts.clone()).unwrap();
+        db.status = Some(compute_status(&Observed {
+            database: &db,
+            statefulset: Some(&typed),
+            read_only: None,
+            storage_refused: None,
+            deleting: false,
+        }));
+        let server = serve(handle, move |method, path, body| {
+            if path.ends_with("/statefulsets/orders") {
+                return json(StatusCode::OK, sts.clone());
+            }
+            echo(method, path, body)
+        });
+        let action = reconcile(Arc::new(db), context.clone()).await.unwrap();
+        assert_eq!(action, Action::requeue(Duration::from_secs(300)));
+        drop(context);
+        let (calls, events) = server.await.unwrap();
+        assert!(
+            !calls.iter().any(|c| c.contains("/status")),
+            "no status write: {calls:#?}"
+        );
+        assert!(events.is_empty(), "no transition, no event: {events:?}");
+    }
+
+    #[tokio::test]
+    async fn deletion_removes_volumes_then_the_finalizer() {
+        let (context, handle) = context(false);
+        let server = serve(handle, echo);
+        let action = reconcile(Arc::new(orders(true, true)), context.clone())
+            .await
+            .unwrap();
+        assert_eq!(action, Action::await_change());
+        drop(context);
+        let (calls, events) = server.await.unwrap();
+        assert_eq!(
+            calls,
+            [
+                "PATCH /apis/example.com/v1/namespaces/shop/mydatabases/orders/status",
+                "DELETE /api/v1/namespaces/shop/persistentvolumeclaims?&labelSelector=example.com%2Fdatabase%3Dorders",
+                "PATCH /apis/example.com/v1/namespaces/shop/mydatabases/orders",
+            ],
+            "{calls:#?}"
+        );
+        assert!(events.iter().any(|e| e["reason"] == "Deleting"));
+    }
+
+    #[tokio::test]
+    async fn a_conflict_is_retried_at_once_and_invalid_waits_for_a_change() {
+        let (context, handle) = context(false);
+        let server = serve(handle, |_, _, _| {
+            json(
+                StatusCode::CONFLICT,
+                serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409, "message": "the object has been modified"}),
+            )
+        });
+        let database = Arc::new(orders(false, false));
+        let error = reconcile(database.clone(), context.clone())
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind(), ApiErrorKind::Conflict);
+        assert_eq!(
+            error_policy(database.clone(), &error, context.clone()),
+            Action::requeue(Duration::from_millis(200))
+        );
+
+        let invalid = ReconcileError::Api {
+            action: "applying StatefulSet orders".into(),
+            object: "shop/orders".into(),
+            source: kube::Error::Api(Box::new(kube::core::Status {
+                code: 422,
+                ..Default::default()
+            })),
+        };
+        assert_eq!(
+            error_policy(database.clone(), &invalid, context.clone()),
+            Action::await_change()
+        );
+        let transient = ReconcileError::Timeout {
+            object: "shop/orders".into(),
+            limit: Duration::from_secs(5),
+        };
+        let first = error_policy(database.clone(), &transient, context.clone());
+        let second = error_policy(database.clone(), &transient, context.clone());
+        assert_ne!(first, second, "transient errors back off further each time");
+        drop(context);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        server.abort();
+    }
+}
