@@ -10,5 +10,6 @@ pub mod metrics;
 pub mod process;
 pub mod server;
 pub mod telemetry;
+pub mod webhook;
 
 pub use error::{Error, Result};

@@ -134,3 +134,28 @@ pub fn expect_invalid<T: std::fmt::Debug>(
         other => panic!("expected the API server to refuse it as invalid, got {other:?}"),
     }
 }
+
+/// Asserts that an API call was refused by admission (a webhook denial arrives as 400,
+/// 403 or 422 depending on the path) with a message containing `fragment`.
+pub fn expect_invalid_or_forbidden<T: std::fmt::Debug>(
+    result: Result<T, kube::Error>,
+    fragment: &str,
+) -> String {
+    match result {
+        Err(kube::Error::Api(status)) => {
+            assert!(
+                [400, 403, 422].contains(&status.code),
+                "unexpected code {}: {}",
+                status.code,
+                status.message
+            );
+            assert!(
+                status.message.contains(fragment),
+                "expected {fragment:?} in {:?}",
+                status.message
+            );
+            status.message.clone()
+        }
+        other => panic!("expected admission to refuse it, got {other:?}"),
+    }
+}

@@ -35,6 +35,8 @@ pub enum Command {
     Hub(HubOptions),
     /// Run the member agent (MyDatabase operator and fence watcher) in a member cluster.
     Agent(AgentOptions),
+    /// Serve validating and mutating admission over TLS and install the webhook configurations.
+    Webhook(crate::webhook::WebhookOptions),
     /// Print Bulkhead's CustomResourceDefinitions as YAML, or write/check them in a directory.
     Crd(crd::CrdOptions),
 }
@@ -45,6 +47,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Hub(options) => crate::hub::run(options).await?,
         Command::Agent(options) => crate::agent::run(options).await?,
+        Command::Webhook(options) => crate::webhook::run(options).await?,
         Command::Crd(options) => crd::run(&options)?,
     }
     Ok(())

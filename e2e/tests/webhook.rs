@@ -1,0 +1,471 @@
+//! Admission webhooks against the lab's real API servers: the API servers call
+//! `bulkhead webhook` over TLS. The test scopes the webhook configurations to its own
+//! namespace (and labelled cluster-scoped objects) and removes them afterwards.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use bulkhead::api::MyDatabase;
+use bulkhead_e2e::agent_support::{bulkhead_binary, free_port};
+use bulkhead_e2e::lab::{self, Lab, client_from};
+use bulkhead_e2e::support::{self, TestNamespace};
+use bulkhead_e2e::{Check, wait_for};
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+
+const SCOPE_LABEL: &str = "bulkhead-e2e/webhook";
+const TENANT: &str = "team-e2e";
+
+struct Webhook {
+    child: Child,
+    log: std::path::PathBuf,
+}
+
+impl Webhook {
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Webhook {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Deletes the test's webhook configurations when dropped.
+struct Configurations {
+    name: String,
+    kubeconfigs: Vec<std::path::PathBuf>,
+}
+
+impl Drop for Configurations {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        let kubeconfigs = std::mem::take(&mut self.kubeconfigs);
+        let _ = std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            runtime.block_on(async {
+                for kubeconfig in kubeconfigs {
+                    if let Ok(client) = client_from(&kubeconfig).await {
+                        let _ = Api::<ValidatingWebhookConfiguration>::all(client.clone())
+                            .delete(&format!("{name}-validating"), &DeleteParams::default())
+                            .await;
+                        let _ = Api::<MutatingWebhookConfiguration>::all(client)
+                            .delete(&format!("{name}-mutating"), &DeleteParams::default())
+                            .await;
+                    }
+                }
+            });
+        })
+        .join();
+    }
+}
+
+async fn label_namespace(
+    client: &Client,
+    namespace: &str,
+    labels: serde_json::Value,
+) -> Result<()> {
+    Api::<Namespace>::all(client.clone())
+        .patch(
+            namespace,
+            &PatchParams::default(),
+            &Patch::Merge(&serde_json::json!({"metadata": {"labels": labels}})),
+        )
+        .await?;
+    Ok(())
+}
+
+async fn tenant_rules(client: &Client, namespace: &str, name: &str, yaml: &str) -> Result<()> {
+    let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"federation.example.com/tenant-policy": TENANT}},
+        "data": {"policy.yaml": yaml}
+    }))?;
+    Api::<ConfigMap>::namespaced(client.clone(), namespace)
+        .patch(name, &PatchParams::apply("e2e").force(), &Patch::Apply(&cm))
+        .await?;
+    Ok(())
+}
+
+fn database(name: &str, replicas: i32) -> Result<MyDatabase> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "apiVersion": "example.com/v1", "kind": "MyDatabase",
+        "metadata": {"name": name}, "spec": {"replicas": replicas, "version": "16"}
+    }))?)
+}
+
+async fn start_webhook(
+    lab: &Lab,
+    ns: &str,
+    rotate_seconds: u64,
+) -> Result<(Webhook, Configurations, u16)> {
+    let port = free_port();
+    let probe = free_port();
+    let log = lab.log_dir("hub").join(format!("webhook-{ns}.log"));
+    let child = Command::new(bulkhead_binary()?)
+        .arg("webhook")
+        .arg("--kubeconfig")
+        .arg(lab.kubeconfig("hub"))
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--url",
+            &format!("https://127.0.0.1:{port}"),
+        ])
+        .args(["--probe-address", &format!("127.0.0.1:{probe}")])
+        .args(["--configure-hub", "--configure-member"])
+        .arg(lab.inside_kubeconfig("east"))
+        .args([
+            "--configuration-name",
+            &format!("e2e-{ns}"),
+            "--selector-label",
+            &format!("{SCOPE_LABEL}={ns}"),
+        ])
+        .args([
+            "--tenant-namespace",
+            ns,
+            "--rotate-every-seconds",
+            &rotate_seconds.to_string(),
+        ])
+        .env("RUST_LOG", "info,bulkhead=debug")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
+        .spawn()?;
+    let webhook = Webhook { child, log };
+    let configurations = Configurations {
+        name: format!("e2e-{ns}"),
+        kubeconfigs: vec![lab.inside_kubeconfig("hub"), lab.inside_kubeconfig("east")],
+    };
+    let hub = lab.client("hub").await?;
+    wait_for(
+        "webhook configurations installed",
+        Duration::from_secs(30),
+        || {
+            let api = Api::<ValidatingWebhookConfiguration>::all(hub.clone());
+            let name = format!("e2e-{ns}-validating");
+            async move {
+                match api.get_opt(&name).await {
+                    Ok(Some(_)) => Check::Done(()),
+                    Ok(None) => Check::Waiting("not yet".into()),
+                    Err(e) => Check::Waiting(e.to_string()),
+                }
+            }
+        },
+    )
+    .await
+    .with_context(|| format!("webhook log:\n{}", webhook.log_text()))?;
+    Ok((webhook, configurations, port))
+}
+
+#[tokio::test]
+async fn webhooks_validate_default_and_enforce_tenant_rules_through_real_apiservers() -> Result<()>
+{
+    let lab = support::lab().await?;
+    for cluster in ["hub", "east"] {
+        lab.install_crds(cluster, &lab::crd_dir()).await?;
+    }
+    let namespace = TestNamespace::create(&lab, "webhook", &["hub", "east"]).await?;
+    let ns = namespace.name.as_str();
+    let hub = lab.client("hub").await?;
+    let east = lab.inside_client("east").await?;
+    label_namespace(
+        &hub,
+        ns,
+        serde_json::json!({SCOPE_LABEL: ns, "federation.example.com/tenant": TENANT}),
+    )
+    .await?;
+    label_namespace(&east, ns, serde_json::json!({SCOPE_LABEL: ns})).await?;
+    tenant_rules(
+        &hub,
+        ns,
+        "rules",
+        "maxReplicas: 3\nallowedVersions: [\"15\", \"16\"]\nallowedClusters: [east, west]\ndefaults: {image: registry.local/postgres, storageClassName: fast}\n",
+    )
+    .await?;
+    let (webhook, _configurations, _) = start_webhook(&lab, ns, 3600).await?;
+
+    let databases: Api<MyDatabase> = Api::namespaced(hub.clone(), ns);
+    // The tenant's limit, enforced by the webhook (the schema allows 5).
+    let denial = wait_for(
+        "tenant rules loaded: replicas 5 denied",
+        Duration::from_secs(20),
+        || {
+            let databases = databases.clone();
+            async move {
+                match databases
+                    .create(
+                        &PostParams {
+                            dry_run: true,
+                            ..Default::default()
+                        },
+                        &database("big", 5).unwrap(),
+                    )
+                    .await
+                {
+                    Err(kube::Error::Api(status)) if status.message.contains("maxReplicas") => {
+                        Check::Done(status.message.clone())
+                    }
+                    other => Check::Waiting(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await
+    .with_context(|| format!("webhook log:\n{}", webhook.log_text()))?;
+    eprintln!("denial: {denial}");
+    assert!(
+        denial.contains(&format!("tenant {TENANT}")) && denial.contains("spec.replicas 5"),
+        "{denial}"
+    );
+
+    // Defaults and the tenant label come from the mutating webhook.
+    let created = databases
+        .create(&PostParams::default(), &database("small", 2)?)
+        .await?;
+    assert_eq!(
+        created.spec.image.as_deref(),
+        Some("registry.local/postgres")
+    );
+    assert_eq!(
+        created.spec.storage.storage_class_name.as_deref(),
+        Some("fast")
+    );
+    assert_eq!(
+        created
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .get("federation.example.com/tenant")
+            .map(String::as_str),
+        Some(TENANT)
+    );
+    assert_eq!(created.spec.version, "16");
+
+    // Policies: affinity narrowed to the tenant's clusters; malformed tolerations denied.
+    let policies: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        hub.clone(),
+        ns,
+        &kube::discovery::ApiResource::erase::<bulkhead::api::PropagationPolicy>(&()),
+    );
+    let policy: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "federation.example.com/v1alpha1", "kind": "PropagationPolicy",
+        "metadata": {"name": "open"},
+        "spec": {"resourceSelectors": [{"apiVersion": "example.com/v1", "kind": "MyDatabase"}]}
+    }))?;
+    let created = policies.create(&PostParams::default(), &policy).await?;
+    assert_eq!(
+        created.data["spec"]["placement"]["clusterAffinity"]["clusterNames"],
+        serde_json::json!(["east", "west"])
+    );
+    let bad_toleration: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "federation.example.com/v1alpha1", "kind": "PropagationPolicy",
+        "metadata": {"name": "bad"},
+        "spec": {"resourceSelectors": [{"apiVersion": "apps/v1", "kind": "Deployment"}],
+                 "placement": {"clusterTolerations": [{"key": "k", "operator": "Sometimes"}]}}
+    }))?;
+    let message = support::expect_invalid_or_forbidden(
+        policies
+            .create(&PostParams::default(), &bad_toleration)
+            .await,
+        "clusterTolerations[0].operator",
+    );
+    eprintln!("denial: {message}");
+
+    // Members: a StatefulSet without serviceName is rejected.
+    let statefulset: StatefulSet = serde_json::from_value(serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "nameless"},
+        "spec": {"selector": {"matchLabels": {"a": "b"}}, "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c", "image": "x"}]}}}
+    }))?;
+    let statefulsets: Api<StatefulSet> = Api::namespaced(east.clone(), ns);
+    let message = support::expect_invalid_or_forbidden(
+        statefulsets
+            .create(&PostParams::default(), &statefulset)
+            .await,
+        "spec.serviceName",
+    );
+    eprintln!("denial: {message}");
+
+    // A rule change takes effect without restart.
+    tenant_rules(
+        &hub,
+        ns,
+        "rules",
+        "maxReplicas: 6\nallowedVersions: [\"16\"]\n",
+    )
+    .await?;
+    let started = Instant::now();
+    wait_for(
+        "new rules in force: replicas 5 allowed",
+        Duration::from_secs(20),
+        || {
+            let databases = databases.clone();
+            async move {
+                match databases
+                    .create(
+                        &PostParams {
+                            dry_run: true,
+                            ..Default::default()
+                        },
+                        &database("big", 5).unwrap(),
+                    )
+                    .await
+                {
+                    Ok(_) => Check::Done(()),
+                    Err(e) => Check::Waiting(e.to_string()),
+                }
+            }
+        },
+    )
+    .await?;
+    eprintln!("rule change in force after {:?}", started.elapsed());
+
+    // A ConfigMap that does not parse is ignored: the previous rules stay.
+    tenant_rules(&hub, ns, "rules", "maxReplicas: [broken\n").await?;
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(hub.clone(), ns);
+    wait_for("InvalidTenantPolicy event", Duration::from_secs(20), || {
+        let events = events.clone();
+        async move {
+            match events.list(&ListParams::default()).await {
+                Ok(list)
+                    if list
+                        .items
+                        .iter()
+                        .any(|e| e.reason.as_deref() == Some("InvalidTenantPolicy")) =>
+                {
+                    Check::Done(())
+                }
+                Ok(list) => Check::Waiting(format!("{} events", list.items.len())),
+                Err(e) => Check::Waiting(e.to_string()),
+            }
+        }
+    })
+    .await?;
+    let message = support::expect_invalid_or_forbidden(
+        databases
+            .create(
+                &PostParams {
+                    dry_run: true,
+                    ..Default::default()
+                },
+                &database("huge", 7)?,
+            )
+            .await,
+        "maxReplicas 6",
+    );
+    eprintln!("previous rules still in force: {message}");
+    drop(webhook);
+    Ok(())
+}
+
+#[tokio::test]
+async fn certificate_rotation_drops_no_request_and_a_down_webhook_never_blocks_members()
+-> Result<()> {
+    let lab = support::lab().await?;
+    for cluster in ["hub", "east"] {
+        lab.install_crds(cluster, &lab::crd_dir()).await?;
+    }
+    let namespace = TestNamespace::create(&lab, "webhook-tls", &["hub", "east"]).await?;
+    let ns = namespace.name.as_str();
+    let hub = lab.client("hub").await?;
+    let east = lab.inside_client("east").await?;
+    label_namespace(&hub, ns, serde_json::json!({SCOPE_LABEL: ns})).await?;
+    label_namespace(&east, ns, serde_json::json!({SCOPE_LABEL: ns})).await?;
+    let (mut webhook, _configurations, _) = start_webhook(&lab, ns, 1).await?;
+
+    // Requests flow while the serving certificate is re-issued every second.
+    let databases: Api<MyDatabase> = Api::namespaced(hub.clone(), ns);
+    let started = Instant::now();
+    let mut requests = 0;
+    while started.elapsed() < Duration::from_secs(5) {
+        databases
+            .create(
+                &PostParams {
+                    dry_run: true,
+                    ..Default::default()
+                },
+                &database("rotating", 2)?,
+            )
+            .await
+            .with_context(|| {
+                format!(
+                    "request {requests} failed during rotation; webhook log:\n{}",
+                    webhook.log_text()
+                )
+            })?;
+        requests += 1;
+    }
+    let rotations = webhook
+        .log_text()
+        .matches("serving certificate rotated")
+        .count();
+    eprintln!(
+        "{requests} admission requests during {rotations} certificate rotations, none failed"
+    );
+    assert!(
+        rotations >= 3,
+        "the certificate rotated while requests flowed ({rotations} rotations)"
+    );
+
+    // The webhook goes down: Bulkhead's own kinds fail closed, members' StatefulSets do not.
+    webhook.stop();
+    let statefulset: StatefulSet = serde_json::from_value(serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "still-allowed"},
+        "spec": {"serviceName": "x", "selector": {"matchLabels": {"a": "b"}}, "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c", "image": "x"}]}}}
+    }))?;
+    Api::<StatefulSet>::namespaced(east.clone(), ns)
+        .create(
+            &PostParams {
+                dry_run: true,
+                ..Default::default()
+            },
+            &statefulset,
+        )
+        .await
+        .context(
+            "failurePolicy Ignore: a member's StatefulSet is admitted while the webhook is down",
+        )?;
+    let config: ConfigMap = serde_json::from_value(
+        serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": format!("{ns}-probe")}}),
+    )?;
+    Api::<ConfigMap>::namespaced(east.clone(), "kube-system")
+        .create(
+            &PostParams {
+                dry_run: true,
+                ..Default::default()
+            },
+            &config,
+        )
+        .await
+        .context("kube-system is never blocked")?;
+    let closed = databases
+        .create(
+            &PostParams {
+                dry_run: true,
+                ..Default::default()
+            },
+            &database("closed", 2)?,
+        )
+        .await;
+    assert!(
+        closed.is_err(),
+        "MyDatabase admission fails closed while the webhook is down"
+    );
+    Ok(())
+}

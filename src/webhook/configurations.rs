@@ -1,0 +1,360 @@
+//! The Validating/MutatingWebhookConfigurations Bulkhead installs, with sensible
+//! failure policies and selectors so that it never blocks kube-system.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
+    ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, ObjectMeta,
+};
+
+/// Which side a cluster is on: the hub stores templates and policies; members run copies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClusterRole {
+    Hub,
+    Member,
+}
+
+/// How the API server reaches the webhook.
+#[derive(Clone, Debug)]
+pub enum Endpoint {
+    /// `https://host:port` (the lab: processes on the host).
+    Url(String),
+    /// A Service in the cluster (the Helm chart).
+    Service {
+        namespace: String,
+        name: String,
+        port: i32,
+    },
+}
+
+/// Everything the configurations are built from.
+#[derive(Clone, Debug)]
+pub struct ConfigurationSpec {
+    /// Base name; the objects are `<name>-validating` and `<name>-mutating`.
+    pub name: String,
+    pub endpoint: Endpoint,
+    pub ca_bundle_pem: String,
+    /// An extra `key=value` requirement on namespaces and objects (tests scope the
+    /// webhook to their own objects with it).
+    pub selector_label: Option<(String, String)>,
+}
+
+const SYSTEM_NAMESPACES: [&str; 3] = ["kube-system", "kube-public", "kube-node-lease"];
+
+fn client_config(spec: &ConfigurationSpec, path: &str) -> WebhookClientConfig {
+    let ca_bundle = Some(ByteString(spec.ca_bundle_pem.as_bytes().to_vec()));
+    match &spec.endpoint {
+        Endpoint::Url(base) => WebhookClientConfig {
+            url: Some(format!("{}{path}", base.trim_end_matches('/'))),
+            ca_bundle,
+            service: None,
+        },
+        Endpoint::Service {
+            namespace,
+            name,
+            port,
+        } => WebhookClientConfig {
+            service: Some(ServiceReference {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                path: Some(path.to_string()),
+                port: Some(*port),
+            }),
+            ca_bundle,
+            url: None,
+        },
+    }
+}
+
+fn namespace_selector(spec: &ConfigurationSpec) -> LabelSelector {
+    let mut expressions = vec![LabelSelectorRequirement {
+        key: "kubernetes.io/metadata.name".into(),
+        operator: "NotIn".into(),
+        values: Some(SYSTEM_NAMESPACES.iter().map(|s| s.to_string()).collect()),
+    }];
+    if let Some((key, value)) = &spec.selector_label {
+        expressions.push(LabelSelectorRequirement {
+            key: key.clone(),
+            operator: "In".into(),
+            values: Some(vec![value.clone()]),
+        });
+    }
+    LabelSelector {
+        match_expressions: Some(expressions),
+        match_labels: None,
+    }
+}
+
+fn object_selector(spec: &ConfigurationSpec, cluster_scoped: bool) -> Option<LabelSelector> {
+    let (key, value) = spec.selector_label.as_ref()?;
+    cluster_scoped.then(|| LabelSelector {
+        match_labels: Some(BTreeMap::from([(key.clone(), value.clone())])),
+        match_expressions: None,
+    })
+}
+
+fn rule(group: &str, version: &str, resources: &[&str], operations: &[&str]) -> RuleWithOperations {
+    RuleWithOperations {
+        api_groups: Some(vec![group.into()]),
+        api_versions: Some(vec![version.into()]),
+        resources: Some(resources.iter().map(|r| r.to_string()).collect()),
+        operations: Some(operations.iter().map(|o| o.to_string()).collect()),
+        scope: None,
+    }
+}
+
+struct Hook {
+    name: &'static str,
+    rules: Vec<RuleWithOperations>,
+    failure_policy: &'static str,
+    cluster_scoped: bool,
+}
+
+fn validating_hooks(role: ClusterRole) -> Vec<Hook> {
+    let mut hooks = vec![Hook {
+        name: "mydatabases.validate.example.com",
+        rules: vec![rule(
+            "example.com",
+            "*",
+            &["mydatabases"],
+            &["CREATE", "UPDATE"],
+        )],
+        failure_policy: "Fail",
+        cluster_scoped: false,
+    }];
+    match role {
+        ClusterRole::Hub => {
+            hooks.push(Hook {
+                name: "propagationpolicies.validate.federation.example.com",
+                rules: vec![rule(
+                    "federation.example.com",
+                    "v1alpha1",
+                    &["propagationpolicies"],
+                    &["CREATE", "UPDATE"],
+                )],
+                failure_policy: "Fail",
+                cluster_scoped: false,
+            });
+            hooks.push(Hook {
+                name: "clusterscoped.validate.federation.example.com",
+                rules: vec![rule(
+                    "federation.example.com",
+                    "v1alpha1",
+                    &["clusterpropagationpolicies", "memberclusters"],
+                    &["CREATE", "UPDATE"],
+                )],
+                failure_policy: "Fail",
+                cluster_scoped: true,
+            });
+        }
+        ClusterRole::Member => hooks.push(Hook {
+            // Not Bulkhead's own kind: never block a member's workloads if the webhook is down.
+            name: "statefulsets.validate.example.com",
+            rules: vec![rule("apps", "v1", &["statefulsets"], &["CREATE", "UPDATE"])],
+            failure_policy: "Ignore",
+            cluster_scoped: false,
+        }),
+    }
+    hooks
+}
+
+fn mutating_hooks(role: ClusterRole) -> Vec<Hook> {
+    let mut hooks = vec![Hook {
+        name: "mydatabases.mutate.example.com",
+        rules: vec![rule("example.com", "*", &["mydatabases"], &["CREATE"])],
+        failure_policy: "Fail",
+        cluster_scoped: false,
+    }];
+    if role == ClusterRole::Hub {
+        hooks.push(Hook {
+            name: "propagationpolicies.mutate.federation.example.com",
+            rules: vec![rule(
+                "federation.example.com",
+                "v1alpha1",
+                &["propagationpolicies"],
+                &["CREATE", "UPDATE"],
+            )],
+            failure_policy: "Fail",
+            cluster_scoped: false,
+        });
+    }
+    hooks
+}
+
+/// The ValidatingWebhookConfiguration for a cluster of `role`.
+pub fn validating(spec: &ConfigurationSpec, role: ClusterRole) -> ValidatingWebhookConfiguration {
+    ValidatingWebhookConfiguration {
+        metadata: ObjectMeta {
+            name: Some(format!("{}-validating", spec.name)),
+            ..Default::default()
+        },
+        webhooks: Some(
+            validating_hooks(role)
+                .into_iter()
+                .map(|hook| ValidatingWebhook {
+                    name: hook.name.into(),
+                    admission_review_versions: vec!["v1".into()],
+                    client_config: client_config(spec, "/validate"),
+                    failure_policy: Some(hook.failure_policy.into()),
+                    match_policy: Some("Equivalent".into()),
+                    namespace_selector: (!hook.cluster_scoped).then(|| namespace_selector(spec)),
+                    object_selector: object_selector(spec, hook.cluster_scoped),
+                    rules: Some(hook.rules),
+                    side_effects: "None".into(),
+                    timeout_seconds: Some(5),
+                    ..Default::default()
+                })
+                .collect(),
+        ),
+    }
+}
+
+/// The MutatingWebhookConfiguration for a cluster of `role`.
+pub fn mutating(spec: &ConfigurationSpec, role: ClusterRole) -> MutatingWebhookConfiguration {
+    MutatingWebhookConfiguration {
+        metadata: ObjectMeta {
+            name: Some(format!("{}-mutating", spec.name)),
+            ..Default::default()
+        },
+        webhooks: Some(
+            mutating_hooks(role)
+                .into_iter()
+                .map(|hook| MutatingWebhook {
+                    name: hook.name.into(),
+                    admission_review_versions: vec!["v1".into()],
+                    client_config: client_config(spec, "/mutate"),
+                    failure_policy: Some(hook.failure_policy.into()),
+                    match_policy: Some("Equivalent".into()),
+                    namespace_selector: (!hook.cluster_scoped).then(|| namespace_selector(spec)),
+                    object_selector: object_selector(spec, hook.cluster_scoped),
+                    reinvocation_policy: Some("Never".into()),
+                    rules: Some(hook.rules),
+                    side_effects: "None".into(),
+                    timeout_seconds: Some(5),
+                    ..Default::default()
+                })
+                .collect(),
+        ),
+    }
+}
+
+/// Applies both configurations to a cluster (server-side apply, field manager
+/// `bulkhead-webhook`).
+pub async fn install(
+    client: &kube::Client,
+    spec: &ConfigurationSpec,
+    role: ClusterRole,
+) -> Result<(), kube::Error> {
+    use kube::Api;
+    use kube::api::{Patch, PatchParams};
+    let params = PatchParams::apply("bulkhead-webhook").force();
+    let validating_config = validating(spec, role);
+    Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .patch(
+            validating_config
+                .metadata
+                .name
+                .as_deref()
+                .unwrap_or_default(),
+            &params,
+            &Patch::Apply(&validating_config),
+        )
+        .await?;
+    let mutating_config = mutating(spec, role);
+    Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .patch(
+            mutating_config.metadata.name.as_deref().unwrap_or_default(),
+            &params,
+            &Patch::Apply(&mutating_config),
+        )
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> ConfigurationSpec {
+        ConfigurationSpec {
+            name: "bulkhead".into(),
+            endpoint: Endpoint::Url("https://127.0.0.1:9443".into()),
+            ca_bundle_pem: "-----BEGIN CERTIFICATE-----\n".into(),
+            selector_label: None,
+        }
+    }
+
+    #[test]
+    fn hub_and_member_get_the_right_hooks() {
+        let hub = validating(&spec(), ClusterRole::Hub);
+        let names: Vec<String> = hub.webhooks.unwrap().into_iter().map(|w| w.name).collect();
+        assert!(names.iter().any(|n| n.starts_with("propagationpolicies")));
+        assert!(!names.iter().any(|n| n.starts_with("statefulsets")));
+        let member = validating(&spec(), ClusterRole::Member);
+        let hooks = member.webhooks.unwrap();
+        let statefulsets = hooks
+            .iter()
+            .find(|w| w.name.starts_with("statefulsets"))
+            .unwrap();
+        assert_eq!(
+            statefulsets.failure_policy.as_deref(),
+            Some("Ignore"),
+            "never block members' workloads"
+        );
+    }
+
+    #[test]
+    fn never_blocks_kube_system_and_has_no_side_effects() {
+        for hook in validating(&spec(), ClusterRole::Hub).webhooks.unwrap() {
+            assert_eq!(hook.side_effects, "None");
+            assert_eq!(hook.timeout_seconds, Some(5));
+            assert_eq!(
+                hook.client_config.url.as_deref(),
+                Some("https://127.0.0.1:9443/validate")
+            );
+            if let Some(selector) = hook.namespace_selector {
+                let expression = &selector.match_expressions.unwrap()[0];
+                assert_eq!(expression.operator, "NotIn");
+                assert!(
+                    expression
+                        .values
+                        .as_ref()
+                        .unwrap()
+                        .contains(&"kube-system".to_string())
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn service_endpoint_and_test_scoping() {
+        let mut spec = spec();
+        spec.endpoint = Endpoint::Service {
+            namespace: "bulkhead-system".into(),
+            name: "bulkhead-webhook".into(),
+            port: 443,
+        };
+        spec.selector_label = Some(("e2e".into(), "ns1".into()));
+        let config = mutating(&spec, ClusterRole::Hub);
+        let hook = &config.webhooks.unwrap()[0];
+        assert_eq!(
+            hook.client_config.service.as_ref().unwrap().path.as_deref(),
+            Some("/mutate")
+        );
+        assert_eq!(
+            hook.namespace_selector
+                .as_ref()
+                .unwrap()
+                .match_expressions
+                .as_ref()
+                .unwrap()
+                .len(),
+            2
+        );
+    }
+}

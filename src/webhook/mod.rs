@@ -1,0 +1,493 @@
+//! `bulkhead webhook`: validating and mutating admission over TLS (rustls), with
+//! per-tenant rules, certificate rotation without restart, and installation of the
+//! webhook configurations into the hub and members.
+//!
+//! - `validate` / `mutate`: the rules (pure);
+//! - `tenants`: tenant rules from ConfigMaps, swapped in atomically;
+//! - `admission`: AdmissionReview decoding and dispatch;
+//! - `tls`: self-issued or file-based certificates, served per handshake;
+//! - `configurations`: the Validating/MutatingWebhookConfigurations.
+
+pub mod admission;
+pub mod configurations;
+pub mod mutate;
+pub mod tenants;
+pub mod tls;
+pub mod validate;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use kube::runtime::events::{Recorder, Reporter};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::SYSTEM_NAMESPACE;
+use crate::process::{ClientOptions, Process, ServeOptions};
+use crate::{Error, Result};
+use admission::{AdmissionState, Hook};
+use configurations::{ClusterRole, ConfigurationSpec, Endpoint};
+use tenants::TenantRegistry;
+
+/// Largest AdmissionReview body accepted.
+const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
+/// Longest time a request may take to arrive and be answered.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `bulkhead webhook` options.
+#[derive(clap::Args, Clone, Debug)]
+pub struct WebhookOptions {
+    #[command(flatten)]
+    pub client: ClientOptions,
+    #[command(flatten)]
+    pub serve: ServeOptions,
+    /// HTTPS address for /validate and /mutate.
+    #[arg(long, default_value = "0.0.0.0:9443")]
+    pub listen: SocketAddr,
+    /// Serving certificate (PEM), re-read when it changes. Without it the webhook issues
+    /// its own CA and certificate and publishes the CA as caBundle.
+    #[arg(long, requires = "tls_key_file")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// Private key for --tls-cert-file (PEM).
+    #[arg(long, requires = "tls_cert_file")]
+    pub tls_key_file: Option<PathBuf>,
+    /// CA bundle (PEM) to publish when serving from files.
+    #[arg(long)]
+    pub ca_file: Option<PathBuf>,
+    /// Subject alternative names of a self-issued certificate.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "127.0.0.1,localhost,bulkhead-webhook.bulkhead-system.svc"
+    )]
+    pub cert_sans: Vec<String>,
+    /// Re-issue a self-issued serving certificate this often (same CA, so the caBundle
+    /// stays valid).
+    #[arg(long, default_value_t = 86400)]
+    pub rotate_every_seconds: u64,
+    /// How API servers reach the webhook: a base URL (e.g. https://127.0.0.1:9443)...
+    #[arg(long)]
+    pub url: Option<String>,
+    /// ...or a Service `namespace/name[:port]` (default bulkhead-system/bulkhead-webhook:443).
+    #[arg(long)]
+    pub service: Option<String>,
+    /// Install the hub-side configurations into the cluster of --kubeconfig.
+    #[arg(long)]
+    pub configure_hub: bool,
+    /// Install the member-side configurations into the cluster of this kubeconfig (repeatable).
+    #[arg(long)]
+    pub configure_member: Vec<PathBuf>,
+    /// Base name of the webhook configurations.
+    #[arg(long, default_value = "bulkhead")]
+    pub configuration_name: String,
+    /// Only admit objects (and namespaces) carrying this `key=value` label.
+    #[arg(long)]
+    pub selector_label: Option<String>,
+    /// Reject policies that name clusters not registered as MemberClusters.
+    #[arg(long)]
+    pub strict: bool,
+    /// Namespace holding the tenant rule ConfigMaps.
+    #[arg(long, default_value = SYSTEM_NAMESPACE)]
+    pub tenant_namespace: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    webhook: String,
+    kind: String,
+    operation: String,
+    result: String,
+}
+
+#[derive(Clone)]
+struct WebhookMetrics {
+    requests: Family<RequestLabels, Counter>,
+    duration: Histogram,
+}
+
+struct Server {
+    state: AdmissionState,
+    metrics: WebhookMetrics,
+}
+
+fn respond(status: StatusCode, content_type: &'static str, body: Vec<u8>) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(content_type),
+    );
+    response
+}
+
+impl Server {
+    async fn handle(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
+        let started = Instant::now();
+        let hook = match request.uri().path() {
+            "/validate" => Hook::Validate,
+            "/mutate" => Hook::Mutate,
+            "/healthz" => return respond(StatusCode::OK, "text/plain", b"ok\n".to_vec()),
+            _ => {
+                return respond(
+                    StatusCode::NOT_FOUND,
+                    "text/plain",
+                    b"not found; the webhook serves /validate and /mutate\n".to_vec(),
+                );
+            }
+        };
+        if request.method() != Method::POST {
+            return respond(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "text/plain",
+                b"POST an AdmissionReview\n".to_vec(),
+            );
+        }
+        let body = match Limited::new(request.into_body(), MAX_BODY_BYTES)
+            .collect()
+            .await
+        {
+            Ok(collected) => collected.to_bytes(),
+            Err(error) => {
+                return respond(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "text/plain",
+                    format!("cannot read the body: {error}\n").into_bytes(),
+                );
+            }
+        };
+        let webhook = if hook == Hook::Validate {
+            "validate"
+        } else {
+            "mutate"
+        };
+        let (response, kind, operation, outcome) = match admission::decode(&body) {
+            Ok(request) => {
+                let (response, outcome) = admission::review(hook, &request, &self.state);
+                if outcome == admission::Outcome::Denied {
+                    tracing::info!(kind = %request.kind.kind, name = %request.name, message = %response.result.message, "denied");
+                }
+                (
+                    respond(
+                        StatusCode::OK,
+                        "application/json",
+                        admission::encode(response),
+                    ),
+                    request.kind.kind.clone(),
+                    format!("{:?}", request.operation).to_uppercase(),
+                    outcome,
+                )
+            }
+            Err(message) => (
+                respond(
+                    StatusCode::BAD_REQUEST,
+                    "text/plain",
+                    format!("{message}\n").into_bytes(),
+                ),
+                "unknown".to_string(),
+                "unknown".to_string(),
+                admission::Outcome::Malformed,
+            ),
+        };
+        self.metrics
+            .requests
+            .get_or_create(&RequestLabels {
+                webhook: webhook.into(),
+                kind,
+                operation,
+                result: outcome.as_str().into(),
+            })
+            .inc();
+        self.metrics
+            .duration
+            .observe(started.elapsed().as_secs_f64());
+        response
+    }
+}
+
+/// Serves HTTPS on `listener` until shutdown; every handshake uses the store's current
+/// certificate.
+async fn serve(
+    listener: tokio::net::TcpListener,
+    acceptor: TlsAcceptor,
+    server: Arc<Server>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => { tracing::warn!(%error, "webhook accept failed"); continue; }
+            },
+        };
+        let acceptor = acceptor.clone();
+        let server = server.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let tls = match tokio::time::timeout(REQUEST_TIMEOUT, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(error)) => {
+                    tracing::debug!(%peer, %error, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => return,
+            };
+            let service = hyper::service::service_fn(move |request| {
+                let server = server.clone();
+                async move {
+                    let answer =
+                        tokio::time::timeout(REQUEST_TIMEOUT, server.handle(request)).await;
+                    Ok::<_, Infallible>(answer.unwrap_or_else(|_| {
+                        respond(
+                            StatusCode::REQUEST_TIMEOUT,
+                            "text/plain",
+                            b"the request took too long\n".to_vec(),
+                        )
+                    }))
+                }
+            });
+            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            tokio::select! {
+                _ = builder.serve_connection(TokioIo::new(tls), service) => {}
+                _ = shutdown.cancelled() => {}
+            }
+        });
+    }
+}
+
+fn endpoint(options: &WebhookOptions) -> Endpoint {
+    if let Some(url) = &options.url {
+        return Endpoint::Url(url.clone());
+    }
+    let text = options
+        .service
+        .clone()
+        .unwrap_or_else(|| format!("{SYSTEM_NAMESPACE}/bulkhead-webhook:443"));
+    let (namespace, rest) = text
+        .split_once('/')
+        .unwrap_or((SYSTEM_NAMESPACE, text.as_str()));
+    let (name, port) = rest
+        .split_once(':')
+        .map(|(n, p)| (n, p.parse().unwrap_or(443)))
+        .unwrap_or((rest, 443));
+    Endpoint::Service {
+        namespace: namespace.into(),
+        name: name.into(),
+        port,
+    }
+}
+
+/// Runs the webhook until SIGTERM.
+pub async fn run(options: WebhookOptions) -> Result<()> {
+    let process = Process::start("webhook", &options.client, &options.serve).await?;
+    let client = process.client.clone();
+
+    // Certificates.
+    let (store, ca_pem, authority) = match (&options.tls_cert_file, &options.tls_key_file) {
+        (Some(cert), Some(key)) => {
+            let loaded = tls::load_files(cert, key).map_err(|e| Error::Io {
+                action: "loading the serving certificate".into(),
+                source: std::io::Error::other(e.to_string()),
+            })?;
+            let store = tls::CertificateStore::new(loaded);
+            tokio::spawn(tls::watch_files(
+                store.clone(),
+                cert.clone(),
+                key.clone(),
+                Duration::from_secs(2),
+                process.shutdown.clone(),
+            ));
+            let ca = match &options.ca_file {
+                Some(path) => std::fs::read_to_string(path).map_err(|source| Error::Io {
+                    action: format!("reading {}", path.display()),
+                    source,
+                })?,
+                None => std::fs::read_to_string(cert).unwrap_or_default(),
+            };
+            (store, ca, None)
+        }
+        _ => {
+            let issue_error = |e: tls::TlsError| Error::Io {
+                action: "issuing the webhook certificate".into(),
+                source: std::io::Error::other(e.to_string()),
+            };
+            let authority =
+                tls::CertificateAuthority::new("bulkhead-webhook-ca").map_err(issue_error)?;
+            let issued = authority.issue(&options.cert_sans).map_err(issue_error)?;
+            let key = tls::certified_key(&issued.cert_pem, &issued.key_pem).map_err(issue_error)?;
+            (
+                tls::CertificateStore::new(key),
+                issued.ca_pem,
+                Some(authority),
+            )
+        }
+    };
+    if let Some(authority) = authority {
+        let store = store.clone();
+        let sans = options.cert_sans.clone();
+        let every = Duration::from_secs(options.rotate_every_seconds.max(1));
+        let shutdown = process.shutdown.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(every) => {}
+                }
+                match authority
+                    .issue(&sans)
+                    .and_then(|i| tls::certified_key(&i.cert_pem, &i.key_pem))
+                {
+                    Ok(key) => {
+                        store.replace(key);
+                        tracing::info!("serving certificate rotated");
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "certificate rotation failed; keeping the current one")
+                    }
+                }
+            }
+        });
+    }
+
+    // Tenants and (strict mode) known clusters.
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "bulkhead-webhook".into(),
+            instance: std::env::var("HOSTNAME").ok(),
+        },
+    );
+    let tenants = TenantRegistry::new();
+    tokio::spawn(tenants::watch(
+        client.clone(),
+        options.tenant_namespace.clone(),
+        tenants.clone(),
+        recorder,
+        process.shutdown.clone(),
+    ));
+    let known_clusters = if options.strict {
+        let known = Arc::new(ArcSwap::from_pointee(Vec::<String>::new()));
+        tokio::spawn(watch_cluster_names(
+            client.clone(),
+            known.clone(),
+            process.shutdown.clone(),
+        ));
+        Some(known)
+    } else {
+        None
+    };
+
+    let metrics = WebhookMetrics {
+        requests: Family::default(),
+        duration: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+    };
+    process.metrics.register(
+        "webhook_requests",
+        "Admission requests by webhook, kind, operation and result",
+        metrics.requests.clone(),
+    );
+    process.metrics.register(
+        "webhook_request_duration_seconds",
+        "Time to answer one admission request",
+        metrics.duration.clone(),
+    );
+
+    let listener = tokio::net::TcpListener::bind(options.listen)
+        .await
+        .map_err(|source| Error::Bind {
+            addr: options.listen.to_string(),
+            source,
+        })?;
+    tracing::info!(address = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "serving admission over HTTPS");
+    let acceptor = TlsAcceptor::from(Arc::new(tls::server_config(store)));
+    let server = Arc::new(Server {
+        state: AdmissionState {
+            tenants,
+            known_clusters,
+        },
+        metrics,
+    });
+    let serving = tokio::spawn(serve(listener, acceptor, server, process.shutdown.clone()));
+
+    // Configurations, now that the server answers.
+    let spec = ConfigurationSpec {
+        name: options.configuration_name.clone(),
+        endpoint: endpoint(&options),
+        ca_bundle_pem: ca_pem,
+        selector_label: options
+            .selector_label
+            .as_ref()
+            .and_then(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string())),
+    };
+    if options.configure_hub {
+        configurations::install(&client, &spec, ClusterRole::Hub)
+            .await
+            .map_err(|source| Error::api("installing the hub webhook configurations", source))?;
+        tracing::info!("hub webhook configurations installed");
+    }
+    for kubeconfig in &options.configure_member {
+        let member = crate::process::connect(&ClientOptions {
+            kubeconfig: Some(kubeconfig.clone()),
+            context: None,
+        })
+        .await?;
+        configurations::install(&member, &spec, ClusterRole::Member)
+            .await
+            .map_err(|source| {
+                Error::api(
+                    format!(
+                        "installing the member webhook configurations via {}",
+                        kubeconfig.display()
+                    ),
+                    source,
+                )
+            })?;
+        tracing::info!(kubeconfig = %kubeconfig.display(), "member webhook configurations installed");
+    }
+
+    process.readiness.set_ready();
+    let _ = serving.await;
+    process.finish().await;
+    Ok(())
+}
+
+async fn watch_cluster_names(
+    client: kube::Client,
+    known: Arc<ArcSwap<Vec<String>>>,
+    shutdown: CancellationToken,
+) {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, reflector, watcher};
+    let (store, writer) = reflector::store::<crate::api::MemberCluster>();
+    let mut stream = reflector(
+        writer,
+        watcher(kube::Api::all(client), watcher::Config::default()),
+    )
+    .default_backoff()
+    .boxed();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            event = stream.next() => {
+                if event.is_none() { return; }
+                let mut names: Vec<String> = store.state().iter().filter_map(|c| c.metadata.name.clone()).collect();
+                names.sort();
+                known.store(Arc::new(names));
+            }
+        }
+    }
+}

@@ -1,0 +1,498 @@
+//! Validation rules, as pure functions. Every message names the object, the field and
+//! the fix, so a user reading `kubectl apply` output knows what to change.
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Toleration;
+
+use super::tenants::TenantRules;
+use crate::api::member_cluster::MemberClusterSpec;
+use crate::api::propagation_policy::{PropagationSpec, ReplicaSchedulingType};
+use crate::api::{MyDatabase, MyDatabaseSpec};
+
+/// Names an object in messages: `MyDatabase shop/orders`.
+pub fn describe(kind: &str, namespace: Option<&str>, name: &str) -> String {
+    match namespace {
+        Some(ns) if !ns.is_empty() => format!("{kind} {ns}/{name}"),
+        _ => format!("{kind} {name}"),
+    }
+}
+
+fn is_dns_label(value: &str) -> bool {
+    !value.is_empty()
+        && value.len() <= 63
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !value.starts_with('-')
+        && !value.ends_with('-')
+}
+
+fn is_version(value: &str) -> bool {
+    let mut parts = value.split('.');
+    let major_ok = parts
+        .next()
+        .is_some_and(|p| (1..=2).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_digit()));
+    let minor_ok = match parts.next() {
+        None => true,
+        Some(p) => (1..=2).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_digit()),
+    };
+    major_ok && minor_ok && parts.next().is_none()
+}
+
+/// MyDatabase rules: replicas 1..10, version format, immutable storage, and the tenant's
+/// limits when it has rules.
+pub fn mydatabase(
+    object: &str,
+    spec: &MyDatabaseSpec,
+    old: Option<&MyDatabase>,
+    tenant: Option<(&str, &TenantRules)>,
+) -> Vec<String> {
+    let mut problems = vec![];
+    if !(1..=10).contains(&spec.replicas) {
+        problems.push(format!(
+            "{object}: spec.replicas is {}; it must be between 1 and 10",
+            spec.replicas
+        ));
+    }
+    if !is_version(&spec.version) {
+        problems.push(format!(
+            "{object}: spec.version {:?} is not a PostgreSQL version; use a major version such as \"16\" or \"16.2\"",
+            spec.version
+        ));
+    }
+    if let Some(old) = old
+        && old.spec.storage != spec.storage
+    {
+        problems.push(format!(
+            "{object}: spec.storage is immutable after creation (was size {} class {:?}); create a new MyDatabase to change size or class",
+            old.spec.storage.size, old.spec.storage.storage_class_name
+        ));
+    }
+    if let Some((tenant, rules)) = tenant {
+        if let Some(max) = rules.max_replicas
+            && spec.replicas > max
+        {
+            problems.push(format!(
+                "{object}: spec.replicas {} exceeds tenant {tenant}'s rule maxReplicas {max}; lower spec.replicas or ask for a higher limit",
+                spec.replicas
+            ));
+        }
+        if !rules.allowed_versions.is_empty() && !rules.allowed_versions.contains(&spec.version) {
+            problems.push(format!(
+                "{object}: spec.version {:?} is not in tenant {tenant}'s rule allowedVersions {:?}",
+                spec.version, rules.allowed_versions
+            ));
+        }
+    }
+    problems
+}
+
+fn toleration_problems(object: &str, index: usize, toleration: &Toleration) -> Vec<String> {
+    let field = format!("spec.placement.clusterTolerations[{index}]");
+    let mut problems = vec![];
+    let operator = toleration.operator.as_deref().unwrap_or("Equal");
+    match operator {
+        "Exists" => {
+            if toleration.value.as_deref().is_some_and(|v| !v.is_empty()) {
+                problems.push(format!(
+                    "{object}: {field}.value must be empty when operator is Exists"
+                ));
+            }
+        }
+        "Equal" => {
+            if toleration.key.as_deref().unwrap_or_default().is_empty() {
+                problems.push(format!("{object}: {field}.key is required when operator is Equal (or use operator Exists to tolerate every taint)"));
+            }
+        }
+        other => problems.push(format!(
+            "{object}: {field}.operator {other:?} must be Equal or Exists"
+        )),
+    }
+    if let Some(effect) = toleration.effect.as_deref()
+        && !["", "NoSchedule", "PreferNoSchedule", "NoExecute"].contains(&effect)
+    {
+        problems.push(format!(
+            "{object}: {field}.effect {effect:?} must be NoSchedule, PreferNoSchedule or NoExecute"
+        ));
+    }
+    if let Some(seconds) = toleration.toleration_seconds {
+        if toleration.effect.as_deref() != Some("NoExecute") {
+            problems.push(format!(
+                "{object}: {field}.tolerationSeconds applies only to effect NoExecute"
+            ));
+        }
+        if seconds < 0 {
+            problems.push(format!(
+                "{object}: {field}.tolerationSeconds must not be negative"
+            ));
+        }
+    }
+    problems
+}
+
+/// PropagationPolicy / ClusterPropagationPolicy rules. `known_clusters` (strict mode)
+/// rejects cluster names that are not registered.
+pub fn policy(
+    object: &str,
+    spec: &PropagationSpec,
+    namespaced: bool,
+    known_clusters: Option<&[String]>,
+) -> Vec<String> {
+    let mut problems = vec![];
+    if spec.resource_selectors.is_empty() {
+        problems.push(format!("{object}: spec.resourceSelectors is empty; add at least one selector (apiVersion and kind)"));
+    }
+    for (i, selector) in spec.resource_selectors.iter().enumerate() {
+        if selector.api_version.is_empty() || selector.kind.is_empty() {
+            problems.push(format!(
+                "{object}: spec.resourceSelectors[{i}] needs apiVersion and kind"
+            ));
+        }
+        if selector.name.is_some() && selector.label_selector.is_some() {
+            problems.push(format!(
+                "{object}: spec.resourceSelectors[{i}] sets both name and labelSelector; keep one"
+            ));
+        }
+        if namespaced && selector.namespace.is_some() {
+            problems.push(format!(
+                "{object}: spec.resourceSelectors[{i}].namespace is only for ClusterPropagationPolicy; a PropagationPolicy selects in its own namespace"
+            ));
+        }
+    }
+    for (i, toleration) in spec.placement.cluster_tolerations.iter().enumerate() {
+        problems.extend(toleration_problems(object, i, toleration));
+    }
+    for (i, spread) in spec.placement.spread_constraints.iter().enumerate() {
+        if spread.min_groups < 1 {
+            problems.push(format!(
+                "{object}: spec.placement.spreadConstraints[{i}].minGroups must be at least 1"
+            ));
+        }
+        if spread.max_groups != 0 && spread.max_groups < spread.min_groups {
+            problems.push(format!(
+                "{object}: spec.placement.spreadConstraints[{i}].maxGroups {} is below minGroups {}; use 0 for no limit",
+                spread.max_groups, spread.min_groups
+            ));
+        }
+    }
+    if let Some(scheduling) = &spec.placement.replica_scheduling {
+        if scheduling.type_ == ReplicaSchedulingType::Duplicated
+            && (scheduling.division_preference.is_some() || scheduling.weight_preference.is_some())
+        {
+            problems.push(format!(
+                "{object}: spec.placement.replicaScheduling sets divisionPreference or weightPreference with type Duplicated; they apply only to type Divided"
+            ));
+        }
+        if let Some(weights) = &scheduling.weight_preference {
+            for (i, entry) in weights.static_weight_list.iter().enumerate() {
+                if entry.weight < 0 {
+                    problems.push(format!(
+                        "{object}: spec.placement.replicaScheduling.weightPreference.staticWeightList[{i}].weight is {}; weights must be 0 or more",
+                        entry.weight
+                    ));
+                }
+            }
+            if !weights.static_weight_list.is_empty()
+                && weights
+                    .static_weight_list
+                    .iter()
+                    .map(|w| w.weight.max(0))
+                    .sum::<i64>()
+                    == 0
+            {
+                problems.push(format!(
+                    "{object}: spec.placement.replicaScheduling.weightPreference.staticWeightList has no positive weight; give at least one cluster a weight above 0"
+                ));
+            }
+        }
+    }
+    if let Some(known) = known_clusters {
+        let mut named: Vec<(&str, &String)> = vec![];
+        if let Some(affinity) = &spec.placement.cluster_affinity {
+            named.extend(
+                affinity
+                    .cluster_names
+                    .iter()
+                    .map(|n| ("spec.placement.clusterAffinity.clusterNames", n)),
+            );
+            named.extend(
+                affinity
+                    .exclude
+                    .iter()
+                    .map(|n| ("spec.placement.clusterAffinity.exclude", n)),
+            );
+        }
+        if let Some(weights) = spec
+            .placement
+            .replica_scheduling
+            .as_ref()
+            .and_then(|s| s.weight_preference.as_ref())
+        {
+            for entry in &weights.static_weight_list {
+                named.extend(entry.target_cluster.cluster_names.iter().map(|n| ("spec.placement.replicaScheduling.weightPreference.staticWeightList[].targetCluster.clusterNames", n)));
+            }
+        }
+        for (field, name) in named {
+            if !known.contains(name) {
+                problems.push(format!(
+                    "{object}: {field} names cluster {name:?}, which is not a registered MemberCluster (strict mode); known clusters: {}",
+                    known.join(", ")
+                ));
+            }
+        }
+    }
+    problems
+}
+
+/// MemberCluster rules: a Secret reference and DNS-label zone/region.
+pub fn member_cluster(object: &str, spec: &MemberClusterSpec) -> Vec<String> {
+    let mut problems = vec![];
+    if spec.secret_ref.name.is_empty() || spec.secret_ref.namespace.is_empty() {
+        problems.push(format!(
+            "{object}: spec.secretRef needs namespace and name of the Secret holding the member's kubeconfig (bulkhead join creates it)"
+        ));
+    }
+    if !is_dns_label(&spec.zone) {
+        problems.push(format!(
+            "{object}: spec.zone {:?} must be a DNS label (lower-case letters, digits and '-'), for example zone-a",
+            spec.zone
+        ));
+    }
+    if let Some(region) = &spec.region
+        && !is_dns_label(region)
+    {
+        problems.push(format!(
+            "{object}: spec.region {region:?} must be a DNS label, for example east-1"
+        ));
+    }
+    problems
+}
+
+/// In members: a StatefulSet must name its governing Service.
+pub fn statefulset(object: &str, statefulset: &StatefulSet) -> Vec<String> {
+    let service = statefulset
+        .spec
+        .as_ref()
+        .and_then(|s| s.service_name.as_deref())
+        .unwrap_or_default();
+    if service.is_empty() {
+        vec![format!(
+            "{object}: spec.serviceName is empty; set it to the headless Service that gives the pods stable names"
+        )]
+    } else {
+        vec![]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::propagation_policy::{
+        ReplicaScheduling, ResourceSelector, StaticClusterWeight, WeightPreference,
+    };
+
+    fn spec(replicas: i32, version: &str) -> MyDatabaseSpec {
+        MyDatabaseSpec {
+            replicas,
+            version: version.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn mydatabase_ranges_and_versions() {
+        let object = "MyDatabase shop/orders";
+        assert!(mydatabase(object, &spec(3, "16"), None, None).is_empty());
+        assert!(mydatabase(object, &spec(3, "16.2"), None, None).is_empty());
+        let zero = mydatabase(object, &spec(0, "16"), None, None);
+        assert_eq!(
+            zero,
+            ["MyDatabase shop/orders: spec.replicas is 0; it must be between 1 and 10"]
+        );
+        assert_eq!(mydatabase(object, &spec(11, "16"), None, None).len(), 1);
+        for bad in ["latest", "16.x", "", "123", "1.2.3"] {
+            let problems = mydatabase(object, &spec(1, bad), None, None);
+            assert!(problems[0].contains("spec.version"), "{bad}: {problems:?}");
+        }
+    }
+
+    #[test]
+    fn mydatabase_storage_is_immutable() {
+        let old = MyDatabase::new("orders", spec(3, "16"));
+        let mut changed = spec(3, "16");
+        changed.storage.size = "2Gi".into();
+        let problems = mydatabase("MyDatabase shop/orders", &changed, Some(&old), None);
+        assert!(
+            problems[0].contains("spec.storage is immutable")
+                && problems[0].contains("create a new MyDatabase")
+        );
+        assert!(
+            mydatabase("x", &spec(5, "16"), Some(&old), None).is_empty(),
+            "other fields may change"
+        );
+    }
+
+    #[test]
+    fn tenant_limits_name_the_tenant_and_the_rule() {
+        let rules = TenantRules {
+            max_replicas: Some(3),
+            allowed_versions: vec!["15".into(), "16".into()],
+            ..Default::default()
+        };
+        let problems = mydatabase(
+            "MyDatabase a/b",
+            &spec(5, "14"),
+            None,
+            Some(("team-a", &rules)),
+        );
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(problems[0].contains("tenant team-a") && problems[0].contains("maxReplicas 3"));
+        assert!(problems[1].contains("tenant team-a") && problems[1].contains("allowedVersions"));
+    }
+
+    fn policy_spec() -> PropagationSpec {
+        PropagationSpec {
+            resource_selectors: vec![ResourceSelector {
+                api_version: "apps/v1".into(),
+                kind: "Deployment".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn policy_needs_selectors_and_sane_weights() {
+        let object = "PropagationPolicy shop/p";
+        assert!(policy(object, &policy_spec(), true, None).is_empty());
+        let mut empty = policy_spec();
+        empty.resource_selectors.clear();
+        assert!(policy(object, &empty, true, None)[0].contains("spec.resourceSelectors is empty"));
+
+        let mut weighted = policy_spec();
+        weighted.placement.replica_scheduling = Some(ReplicaScheduling {
+            type_: ReplicaSchedulingType::Divided,
+            division_preference: None,
+            weight_preference: Some(WeightPreference {
+                static_weight_list: vec![
+                    StaticClusterWeight {
+                        weight: -1,
+                        ..Default::default()
+                    },
+                    StaticClusterWeight {
+                        weight: 0,
+                        ..Default::default()
+                    },
+                ],
+                dynamic_weight: None,
+            }),
+        });
+        let problems = policy(object, &weighted, true, None);
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("staticWeightList[0].weight is -1")),
+            "{problems:?}"
+        );
+        assert!(
+            problems.iter().any(|p| p.contains("no positive weight")),
+            "{problems:?}"
+        );
+
+        let mut duplicated = weighted.clone();
+        duplicated
+            .placement
+            .replica_scheduling
+            .as_mut()
+            .unwrap()
+            .type_ = ReplicaSchedulingType::Duplicated;
+        assert!(
+            policy(object, &duplicated, true, None)
+                .iter()
+                .any(|p| p.contains("apply only to type Divided"))
+        );
+    }
+
+    #[test]
+    fn tolerations_must_be_well_formed() {
+        let mut spec = policy_spec();
+        spec.placement.cluster_tolerations = vec![
+            Toleration {
+                operator: Some("Sometimes".into()),
+                ..Default::default()
+            },
+            Toleration {
+                key: Some("k".into()),
+                effect: Some("NoSchedule".into()),
+                toleration_seconds: Some(10),
+                ..Default::default()
+            },
+            Toleration {
+                operator: Some("Exists".into()),
+                value: Some("v".into()),
+                ..Default::default()
+            },
+        ];
+        let problems = policy("p", &spec, true, None);
+        assert!(
+            problems.iter().any(|p| p.contains("[0].operator")),
+            "{problems:?}"
+        );
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("[1].tolerationSeconds applies only to effect NoExecute")),
+            "{problems:?}"
+        );
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("[2].value must be empty")),
+            "{problems:?}"
+        );
+    }
+
+    #[test]
+    fn strict_mode_rejects_unknown_clusters() {
+        let mut spec = policy_spec();
+        spec.placement.cluster_affinity = Some(crate::api::propagation_policy::ClusterAffinity {
+            cluster_names: vec!["east".into(), "mars".into()],
+            ..Default::default()
+        });
+        let known = vec!["east".to_string(), "west".to_string()];
+        let problems = policy("p", &spec, true, Some(&known));
+        assert_eq!(problems.len(), 1);
+        assert!(problems[0].contains("\"mars\"") && problems[0].contains("east, west"));
+        assert!(
+            policy("p", &spec, true, None).is_empty(),
+            "not strict: allowed"
+        );
+    }
+
+    #[test]
+    fn namespaced_policies_cannot_reach_other_namespaces() {
+        let mut spec = policy_spec();
+        spec.resource_selectors[0].namespace = Some("other".into());
+        assert!(policy("p", &spec, true, None)[0].contains("only for ClusterPropagationPolicy"));
+        assert!(policy("p", &spec, false, None).is_empty());
+    }
+
+    #[test]
+    fn member_cluster_rules() {
+        let mut spec: MemberClusterSpec = serde_json::from_value(serde_json::json!({
+            "secretRef": {"namespace": "bulkhead-system", "name": "member-east"}, "zone": "zone-a", "region": "east-1"
+        }))
+        .unwrap();
+        assert!(member_cluster("MemberCluster east", &spec).is_empty());
+        spec.zone = "Zone_A".into();
+        spec.secret_ref.name.clear();
+        let problems = member_cluster("MemberCluster east", &spec);
+        assert_eq!(problems.len(), 2, "{problems:?}");
+    }
+
+    #[test]
+    fn statefulsets_need_a_service_name() {
+        let sts = StatefulSet::default();
+        assert!(statefulset("StatefulSet a/b", &sts)[0].contains("spec.serviceName is empty"));
+    }
+}
