@@ -64,27 +64,41 @@ impl TestNamespace {
 impl Drop for TestNamespace {
     fn drop(&mut self) {
         let name = self.name.clone();
-        let kubeconfigs = std::mem::take(&mut self.kubeconfigs);
-        // Drop cannot await; delete from a short-lived runtime on its own thread.
-        let _ = std::thread::spawn(move || {
-            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
-            runtime.block_on(async {
-                for kubeconfig in kubeconfigs {
-                    if let Ok(client) = client_from(&kubeconfig).await {
-                        let _ = Api::<Namespace>::all(client)
-                            .delete(&name, &DeleteParams::background())
-                            .await;
-                    }
-                }
-            });
-        })
-        .join();
+        cleanup_blocking(std::mem::take(&mut self.kubeconfigs), move |client| {
+            let name = name.clone();
+            async move {
+                let _ = Api::<Namespace>::all(client)
+                    .delete(&name, &DeleteParams::background())
+                    .await;
+            }
+        });
     }
+}
+
+/// Runs `cleanup` against each cluster from a `Drop` impl. Drop cannot await, and a
+/// client is bound to the runtime that created it (which Drop may be blocking), so this
+/// builds fresh clients from the kubeconfig files on a short-lived runtime of its own.
+pub fn cleanup_blocking<F, Fut>(kubeconfigs: Vec<PathBuf>, cleanup: F)
+where
+    F: Fn(kube::Client) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let _ = std::thread::spawn(move || {
+        let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        runtime.block_on(async {
+            for kubeconfig in kubeconfigs {
+                if let Ok(client) = client_from(&kubeconfig).await {
+                    cleanup(client).await;
+                }
+            }
+        });
+    })
+    .join();
 }
 
 /// A member cut off from the hub for as long as the guard lives.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use bulkhead::api::MyDatabase;
 use bulkhead_e2e::agent_support::{bulkhead_binary, free_port};
-use bulkhead_e2e::lab::{self, Lab, client_from};
+use bulkhead_e2e::lab::{self, Lab};
 use bulkhead_e2e::support::{self, TestNamespace};
 use bulkhead_e2e::{Check, wait_for};
 use k8s_openapi::api::admissionregistration::v1::{
@@ -52,28 +52,23 @@ struct Configurations {
 impl Drop for Configurations {
     fn drop(&mut self) {
         let name = self.name.clone();
-        let kubeconfigs = std::mem::take(&mut self.kubeconfigs);
-        let _ = std::thread::spawn(move || {
-            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
-            runtime.block_on(async {
-                for kubeconfig in kubeconfigs {
-                    if let Ok(client) = client_from(&kubeconfig).await {
-                        let _ = Api::<ValidatingWebhookConfiguration>::all(client.clone())
-                            .delete(&format!("{name}-validating"), &DeleteParams::default())
-                            .await;
-                        let _ = Api::<MutatingWebhookConfiguration>::all(client)
-                            .delete(&format!("{name}-mutating"), &DeleteParams::default())
-                            .await;
-                    }
-                }
-            });
-        })
-        .join();
+        support::cleanup_blocking(std::mem::take(&mut self.kubeconfigs), move |client| {
+            let name = name.clone();
+            async move {
+                let _ = Api::<ValidatingWebhookConfiguration>::all(client.clone())
+                    .delete(&format!("{name}-validating"), &DeleteParams::default())
+                    .await;
+                let _ = Api::<MutatingWebhookConfiguration>::all(client.clone())
+                    .delete(&format!("{name}-mutating"), &DeleteParams::default())
+                    .await;
+                // Stop serving v1alpha1 again: with its webhook gone, the namespace
+                // controller could not list MyDatabases in that version.
+                let crd = bulkhead::api::mydatabase_crd();
+                let _ = Api::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>::all(client)
+                    .patch("mydatabases.example.com", &PatchParams::apply("bulkhead-lab").force(), &Patch::Apply(&crd))
+                    .await;
+            }
+        });
     }
 }
 
@@ -116,6 +111,15 @@ async fn start_webhook(
     ns: &str,
     rotate_seconds: u64,
 ) -> Result<(Webhook, Configurations, u16)> {
+    start_webhook_with(lab, ns, rotate_seconds, &[]).await
+}
+
+async fn start_webhook_with(
+    lab: &Lab,
+    ns: &str,
+    rotate_seconds: u64,
+    extra: &[&str],
+) -> Result<(Webhook, Configurations, u16)> {
     let port = free_port();
     let probe = free_port();
     let log = lab.log_dir("hub").join(format!("webhook-{ns}.log"));
@@ -144,6 +148,7 @@ async fn start_webhook(
             "--rotate-every-seconds",
             &rotate_seconds.to_string(),
         ])
+        .args(extra)
         .env("RUST_LOG", "info,bulkhead=debug")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log)?)
@@ -466,6 +471,79 @@ async fn certificate_rotation_drops_no_request_and_a_down_webhook_never_blocks_m
     assert!(
         closed.is_err(),
         "MyDatabase admission fails closed while the webhook is down"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn mydatabase_v1alpha1_is_served_through_the_conversion_webhook() -> Result<()> {
+    let lab = support::lab().await?;
+    for cluster in ["hub", "east"] {
+        lab.install_crds(cluster, &lab::crd_dir()).await?;
+    }
+    let namespace = TestNamespace::create(&lab, "convert", &["hub", "east"]).await?;
+    let ns = namespace.name.as_str();
+    let hub = lab.client("hub").await?;
+    label_namespace(&hub, ns, serde_json::json!({SCOPE_LABEL: ns})).await?;
+    let (webhook, _configurations, _) =
+        start_webhook_with(&lab, ns, 3600, &["--conversion"]).await?;
+    let alpha_resource = kube::discovery::ApiResource {
+        group: "example.com".into(),
+        version: "v1alpha1".into(),
+        api_version: "example.com/v1alpha1".into(),
+        kind: "MyDatabase".into(),
+        plural: "mydatabases".into(),
+    };
+    let alpha: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(hub.clone(), ns, &alpha_resource);
+    let v1: Api<MyDatabase> = Api::namespaced(hub.clone(), ns);
+
+    // Written as v1 with fields v1alpha1 lacks, read as v1alpha1.
+    let mut original = database("modern", 3)?;
+    original.spec.image = Some("registry.local/postgres".into());
+    original.spec.read_only = true;
+    v1.create(&PostParams::default(), &original).await?;
+    let as_alpha = wait_for("v1alpha1 served", Duration::from_secs(30), || {
+        let alpha = alpha.clone();
+        async move {
+            match alpha.get("modern").await {
+                Ok(object) => Check::Done(object),
+                Err(e) => Check::Waiting(e.to_string()),
+            }
+        }
+    })
+    .await
+    .with_context(|| format!("webhook log:\n{}", webhook.log_text()))?;
+    assert_eq!(as_alpha.data["spec"]["instances"], 3);
+    assert_eq!(as_alpha.data["spec"]["postgresVersion"], "16");
+    assert_eq!(as_alpha.data["spec"]["storageSize"], "1Gi");
+    // Round trip: read back as v1, every field is there.
+    let back = v1.get("modern").await?;
+    assert_eq!(back.spec, {
+        let mut expected = original.spec.clone();
+        expected.storage.size = "1Gi".into();
+        expected
+    });
+
+    // Written as v1alpha1, read as v1.
+    let old_style: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "example.com/v1alpha1", "kind": "MyDatabase",
+        "metadata": {"name": "vintage"},
+        "spec": {"instances": 2, "postgresVersion": "15", "storageSize": "2Gi", "storageClass": "fast"}
+    }))?;
+    alpha.create(&PostParams::default(), &old_style).await?;
+    let modern = v1.get("vintage").await?;
+    assert_eq!(modern.spec.replicas, 2);
+    assert_eq!(modern.spec.version, "15");
+    assert_eq!(modern.spec.storage.size, "2Gi");
+    assert_eq!(
+        modern.spec.storage.storage_class_name.as_deref(),
+        Some("fast")
+    );
+    let annotations = modern.metadata.annotations.unwrap_or_default();
+    assert!(
+        !annotations.contains_key("example.com/v1-spec"),
+        "{annotations:?}"
     );
     Ok(())
 }

@@ -6,6 +6,7 @@
 pub mod condition;
 pub mod member_cluster;
 pub mod mydatabase;
+pub mod mydatabase_v1alpha1;
 pub mod propagation_policy;
 pub mod resource_binding;
 
@@ -36,7 +37,7 @@ pub const SYSTEM_NAMESPACE: &str = "bulkhead-system";
 /// Every CRD Bulkhead defines, with the file name it is committed under in `config/crd/`.
 pub fn all_crds() -> Vec<(&'static str, CustomResourceDefinition)> {
     vec![
-        ("example.com_mydatabases.yaml", MyDatabase::crd()),
+        ("example.com_mydatabases.yaml", mydatabase_crd()),
         (
             "federation.example.com_memberclusters.yaml",
             MemberCluster::crd(),
@@ -54,6 +55,23 @@ pub fn all_crds() -> Vec<(&'static str, CustomResourceDefinition)> {
             ResourceBinding::crd(),
         ),
     ]
+}
+
+/// The MyDatabase CRD: `v1` (served, storage) and `v1alpha1`. v1alpha1 ships with
+/// `served: false` because it needs the conversion webhook; `bulkhead webhook` turns it
+/// on together with the webhook's client configuration when it installs itself.
+pub fn mydatabase_crd() -> CustomResourceDefinition {
+    let mut crd = kube::core::crd::merge_crds(
+        vec![MyDatabase::crd(), mydatabase_v1alpha1::MyDatabase::crd()],
+        "v1",
+    )
+    .expect("both MyDatabase versions share group, kind and scope");
+    for version in &mut crd.spec.versions {
+        if version.name == "v1alpha1" {
+            version.served = false;
+        }
+    }
+    crd
 }
 
 /// Renders a CRD as YAML, the form committed in `config/crd/` and printed by `bulkhead crd`.

@@ -120,7 +120,7 @@ fn validating_hooks(role: ClusterRole) -> Vec<Hook> {
         name: "mydatabases.validate.example.com",
         rules: vec![rule(
             "example.com",
-            "*",
+            "v1",
             &["mydatabases"],
             &["CREATE", "UPDATE"],
         )],
@@ -166,7 +166,7 @@ fn validating_hooks(role: ClusterRole) -> Vec<Hook> {
 fn mutating_hooks(role: ClusterRole) -> Vec<Hook> {
     let mut hooks = vec![Hook {
         name: "mydatabases.mutate.example.com",
-        rules: vec![rule("example.com", "*", &["mydatabases"], &["CREATE"])],
+        rules: vec![rule("example.com", "v1", &["mydatabases"], &["CREATE"])],
         failure_policy: "Fail",
         cluster_scoped: false,
     }];
@@ -274,6 +274,63 @@ pub async fn install(
         )
         .await?;
     Ok(())
+}
+
+/// Points the MyDatabase CRD's conversion at the webhook and serves `v1alpha1`. Writes
+/// only when something differs, so it can be re-run to keep the caBundle current (for
+/// example after the CRD was re-applied with `served: false`).
+pub async fn ensure_conversion(
+    client: &kube::Client,
+    spec: &ConfigurationSpec,
+) -> Result<bool, kube::Error> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+        CustomResourceConversion, CustomResourceDefinition, WebhookClientConfig as CrdClientConfig,
+        WebhookConversion,
+    };
+    use kube::Api;
+    use kube::api::PostParams;
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let config = client_config(spec, "/convert");
+    let wanted = CustomResourceConversion {
+        strategy: "Webhook".into(),
+        webhook: Some(WebhookConversion {
+            client_config: Some(CrdClientConfig {
+                url: config.url,
+                ca_bundle: config.ca_bundle,
+                service: config.service.map(|s| {
+                    k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::ServiceReference {
+                        namespace: s.namespace,
+                        name: s.name,
+                        path: s.path,
+                        port: s.port,
+                    }
+                }),
+            }),
+            conversion_review_versions: vec!["v1".into()],
+        }),
+    };
+    for _ in 0..5 {
+        let mut crd = api.get("mydatabases.example.com").await?;
+        tracing::debug!(conversion = ?crd.spec.conversion, "current MyDatabase conversion");
+        let served = crd.spec.versions.iter().all(|v| v.served);
+        if served && crd.spec.conversion.as_ref() == Some(&wanted) {
+            return Ok(false);
+        }
+        crd.spec.conversion = Some(wanted.clone());
+        for version in &mut crd.spec.versions {
+            version.served = true;
+        }
+        tracing::debug!("configuring the MyDatabase conversion webhook");
+        match api
+            .replace("mydatabases.example.com", &PostParams::default(), &crd)
+            .await
+        {
+            Ok(_) => return Ok(true),
+            Err(kube::Error::Api(status)) if status.code == 409 => continue,
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(false)
 }
 
 #[cfg(test)]

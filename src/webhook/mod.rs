@@ -10,6 +10,7 @@
 
 pub mod admission;
 pub mod configurations;
+pub mod convert;
 pub mod mutate;
 pub mod tenants;
 pub mod tls;
@@ -96,6 +97,10 @@ pub struct WebhookOptions {
     /// Only admit objects (and namespaces) carrying this `key=value` label.
     #[arg(long)]
     pub selector_label: Option<String>,
+    /// Serve MyDatabase v1alpha1 through this webhook's /convert in every configured
+    /// cluster (sets the CRD's conversion webhook and caBundle, and keeps them set).
+    #[arg(long)]
+    pub conversion: bool,
     /// Reject policies that name clusters not registered as MemberClusters.
     #[arg(long)]
     pub strict: bool,
@@ -134,9 +139,57 @@ fn respond(status: StatusCode, content_type: &'static str, body: Vec<u8>) -> Res
 }
 
 impl Server {
+    async fn convert(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
+        if request.method() != Method::POST {
+            return respond(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "text/plain",
+                b"POST a ConversionReview\n".to_vec(),
+            );
+        }
+        let body = match Limited::new(request.into_body(), MAX_BODY_BYTES)
+            .collect()
+            .await
+        {
+            Ok(collected) => collected.to_bytes(),
+            Err(error) => {
+                return respond(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "text/plain",
+                    format!("cannot read the body: {error}\n").into_bytes(),
+                );
+            }
+        };
+        let (response, result) = match convert::review(&body) {
+            Ok(answer) => (
+                respond(StatusCode::OK, "application/json", answer),
+                "converted",
+            ),
+            Err(message) => (
+                respond(
+                    StatusCode::BAD_REQUEST,
+                    "text/plain",
+                    format!("{message}\n").into_bytes(),
+                ),
+                "malformed",
+            ),
+        };
+        self.metrics
+            .requests
+            .get_or_create(&RequestLabels {
+                webhook: "convert".into(),
+                kind: "MyDatabase".into(),
+                operation: "CONVERT".into(),
+                result: result.into(),
+            })
+            .inc();
+        response
+    }
+
     async fn handle(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
         let started = Instant::now();
         let hook = match request.uri().path() {
+            "/convert" => return self.convert(request).await,
             "/validate" => Hook::Validate,
             "/mutate" => Hook::Mutate,
             "/healthz" => return respond(StatusCode::OK, "text/plain", b"ok\n".to_vec()),
@@ -433,11 +486,13 @@ pub async fn run(options: WebhookOptions) -> Result<()> {
             .and_then(|l| l.split_once('='))
             .map(|(k, v)| (k.to_string(), v.to_string())),
     };
+    let mut configured: Vec<(String, kube::Client)> = vec![];
     if options.configure_hub {
         configurations::install(&client, &spec, ClusterRole::Hub)
             .await
             .map_err(|source| Error::api("installing the hub webhook configurations", source))?;
         tracing::info!("hub webhook configurations installed");
+        configured.push(("hub".into(), client.clone()));
     }
     for kubeconfig in &options.configure_member {
         let member = crate::process::connect(&ClientOptions {
@@ -457,6 +512,42 @@ pub async fn run(options: WebhookOptions) -> Result<()> {
                 )
             })?;
         tracing::info!(kubeconfig = %kubeconfig.display(), "member webhook configurations installed");
+        configured.push((kubeconfig.display().to_string(), member));
+    }
+    if options.conversion {
+        for (name, cluster) in &configured {
+            configurations::ensure_conversion(cluster, &spec)
+                .await
+                .map_err(|source| {
+                    Error::api(
+                        format!("configuring MyDatabase conversion in {name}"),
+                        source,
+                    )
+                })?;
+            tracing::info!(cluster = %name, "MyDatabase v1alpha1 served through this webhook");
+        }
+        // Keep it so: re-applying the CRD resets `served` and the conversion webhook.
+        let shutdown = process.shutdown.clone();
+        let spec = spec.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_secs(15)) => {}
+                }
+                for (name, cluster) in &configured {
+                    match configurations::ensure_conversion(cluster, &spec).await {
+                        Ok(true) => {
+                            tracing::info!(cluster = %name, "MyDatabase conversion webhook re-configured")
+                        }
+                        Ok(false) => {}
+                        Err(error) => {
+                            tracing::warn!(cluster = %name, %error, "cannot check the MyDatabase conversion configuration")
+                        }
+                    }
+                }
+            }
+        });
     }
 
     process.readiness.set_ready();

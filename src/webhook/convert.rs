@@ -1,0 +1,243 @@
+//! MyDatabase conversion between `example.com/v1` (storage) and `example.com/v1alpha1`.
+//! Lossless: fields v1alpha1 lacks travel in the annotation `example.com/v1-spec`.
+
+use serde_json::{Map, Value, json};
+
+use crate::api::mydatabase_v1alpha1::V1_SPEC_ANNOTATION;
+
+const V1: &str = "example.com/v1";
+const V1ALPHA1: &str = "example.com/v1alpha1";
+
+fn annotations(object: &mut Value) -> &mut Map<String, Value> {
+    if !object["metadata"]["annotations"].is_object() {
+        object["metadata"]["annotations"] = json!({});
+    }
+    object["metadata"]["annotations"]
+        .as_object_mut()
+        .expect("just made an object")
+}
+
+fn to_v1alpha1(mut object: Value) -> Result<Value, String> {
+    let spec = object["spec"].clone();
+    let mut alpha = json!({
+        "instances": spec["replicas"],
+        "postgresVersion": spec["version"],
+        "storageSize": spec["storage"]["size"],
+    });
+    if let Some(class) = spec["storage"]["storageClassName"].as_str() {
+        alpha["storageClass"] = json!(class);
+    }
+    let alpha = alpha
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect::<Map<_, _>>()
+        })
+        .unwrap_or_default();
+    let saved = serde_json::to_string(&spec).map_err(|e| e.to_string())?;
+    annotations(&mut object).insert(V1_SPEC_ANNOTATION.into(), Value::String(saved));
+    object["spec"] = Value::Object(alpha);
+    object["apiVersion"] = json!(V1ALPHA1);
+    Ok(object)
+}
+
+fn to_v1(mut object: Value) -> Result<Value, String> {
+    let alpha = object["spec"].clone();
+    let saved = annotations(&mut object).remove(V1_SPEC_ANNOTATION);
+    if object["metadata"]["annotations"]
+        .as_object()
+        .is_some_and(Map::is_empty)
+    {
+        object["metadata"]
+            .as_object_mut()
+            .map(|m| m.remove("annotations"));
+    }
+    let mut spec = match saved {
+        Some(Value::String(text)) => serde_json::from_str::<Value>(&text)
+            .map_err(|e| format!("annotation {V1_SPEC_ANNOTATION} is not a v1 spec: {e}"))?,
+        _ => json!({}),
+    };
+    if !spec.is_object() {
+        spec = json!({});
+    }
+    // The v1alpha1 fields win over the saved copy: they may have been edited.
+    for (from, to) in [("instances", "replicas"), ("postgresVersion", "version")] {
+        if !alpha[from].is_null() {
+            spec[to] = alpha[from].clone();
+        }
+    }
+    if !spec["storage"].is_object() {
+        spec["storage"] = json!({});
+    }
+    if !alpha["storageSize"].is_null() {
+        spec["storage"]["size"] = alpha["storageSize"].clone();
+    }
+    match alpha["storageClass"].as_str() {
+        Some(class) => spec["storage"]["storageClassName"] = json!(class),
+        None => {
+            spec["storage"]
+                .as_object_mut()
+                .map(|s| s.remove("storageClassName"));
+        }
+    }
+    object["spec"] = spec;
+    object["apiVersion"] = json!(V1);
+    Ok(object)
+}
+
+/// Converts one MyDatabase object to `desired` (an apiVersion).
+pub fn convert(object: Value, desired: &str) -> Result<Value, String> {
+    let current = object["apiVersion"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    match (current.as_str(), desired) {
+        (a, b) if a == b => Ok(object),
+        (V1, V1ALPHA1) => to_v1alpha1(object),
+        (V1ALPHA1, V1) => to_v1(object),
+        (a, b) => Err(format!(
+            "cannot convert MyDatabase from {a:?} to {b:?}; served versions are {V1} and {V1ALPHA1}"
+        )),
+    }
+}
+
+/// Answers a ConversionReview body.
+pub fn review(body: &[u8]) -> Result<Vec<u8>, String> {
+    use kube::core::conversion::{ConversionRequest, ConversionResponse, ConversionReview};
+    let review: ConversionReview = serde_json::from_slice(body)
+        .map_err(|e| format!("the body is not a ConversionReview: {e}"))?;
+    let request = ConversionRequest::from_review(review)
+        .map_err(|_| "the ConversionReview has no request".to_string())?;
+    let desired = request.desired_api_version.clone();
+    let converted: Result<Vec<Value>, String> = request
+        .objects
+        .iter()
+        .cloned()
+        .map(|o| convert(o, &desired))
+        .collect();
+    let response = ConversionResponse::for_request(request);
+    let response = match converted {
+        Ok(objects) => response.success(objects),
+        Err(message) => response.failure(kube::core::Status::failure(&message, "ConversionFailed")),
+    };
+    serde_json::to_vec(&response.into_review()).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn v1(
+        replicas: i64,
+        version: &str,
+        image: Option<&str>,
+        class: Option<&str>,
+        read_only: bool,
+        annotations: bool,
+    ) -> Value {
+        let mut spec = json!({"replicas": replicas, "version": version, "storage": {"size": "3Gi"}, "readOnly": read_only});
+        if let Some(image) = image {
+            spec["image"] = json!(image);
+        }
+        if let Some(class) = class {
+            spec["storage"]["storageClassName"] = json!(class);
+        }
+        let mut object = json!({"apiVersion": V1, "kind": "MyDatabase", "metadata": {"name": "orders", "namespace": "shop"}, "spec": spec, "status": {"phase": "Ready", "replicas": replicas}});
+        if annotations {
+            object["metadata"]["annotations"] = json!({"team": "payments"});
+        }
+        object
+    }
+
+    #[test]
+    fn maps_the_documented_fields() {
+        let alpha = convert(
+            v1(
+                3,
+                "16",
+                Some("registry.local/postgres"),
+                Some("fast"),
+                true,
+                false,
+            ),
+            V1ALPHA1,
+        )
+        .unwrap();
+        assert_eq!(alpha["apiVersion"], V1ALPHA1);
+        assert_eq!(
+            alpha["spec"],
+            json!({"instances": 3, "postgresVersion": "16", "storageSize": "3Gi", "storageClass": "fast"})
+        );
+        assert!(
+            alpha["metadata"]["annotations"][V1_SPEC_ANNOTATION]
+                .as_str()
+                .unwrap()
+                .contains("registry.local/postgres")
+        );
+        assert_eq!(alpha["status"]["phase"], "Ready", "status is carried over");
+    }
+
+    #[test]
+    fn edits_made_in_v1alpha1_win_over_the_saved_spec() {
+        let mut alpha = convert(v1(3, "16", Some("img"), None, false, false), V1ALPHA1).unwrap();
+        alpha["spec"]["instances"] = json!(5);
+        let back = convert(alpha, V1).unwrap();
+        assert_eq!(back["spec"]["replicas"], 5);
+        assert_eq!(back["spec"]["image"], "img", "v1-only fields survive");
+    }
+
+    #[test]
+    fn a_v1alpha1_object_without_annotation_converts() {
+        let alpha = json!({"apiVersion": V1ALPHA1, "kind": "MyDatabase", "metadata": {"name": "a"}, "spec": {"instances": 2, "postgresVersion": "15", "storageSize": "1Gi"}});
+        let v1 = convert(alpha.clone(), V1).unwrap();
+        assert_eq!(
+            v1["spec"],
+            json!({"replicas": 2, "version": "15", "storage": {"size": "1Gi"}})
+        );
+        let again = convert(v1, V1ALPHA1).unwrap();
+        assert_eq!(again["spec"], alpha["spec"]);
+    }
+
+    #[test]
+    fn unknown_versions_fail_clearly() {
+        let error = convert(json!({"apiVersion": "example.com/v2"}), V1).unwrap_err();
+        assert!(error.contains("example.com/v2"));
+    }
+
+    #[test]
+    fn answers_a_conversion_review() {
+        let body = serde_json::to_vec(&json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview",
+            "request": {"uid": "u1", "desiredAPIVersion": V1ALPHA1, "objects": [v1(2, "16", None, None, false, false)]}
+        }))
+        .unwrap();
+        let answer: Value = serde_json::from_slice(&review(&body).unwrap()).unwrap();
+        assert_eq!(answer["response"]["uid"], "u1");
+        assert_eq!(answer["response"]["result"]["status"], "Success");
+        assert_eq!(
+            answer["response"]["convertedObjects"][0]["spec"]["instances"],
+            2
+        );
+        assert!(review(b"{nonsense").is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn v1_round_trips_through_v1alpha1_losslessly(
+            replicas in 1i64..=10,
+            major in 10u8..=17,
+            image in proptest::option::of("[a-z]{1,8}(/[a-z]{1,8})?"),
+            class in proptest::option::of("[a-z]{1,8}"),
+            read_only in any::<bool>(),
+            annotations in any::<bool>(),
+        ) {
+            let original = v1(replicas, &major.to_string(), image.as_deref(), class.as_deref(), read_only, annotations);
+            let alpha = convert(original.clone(), V1ALPHA1).unwrap();
+            let back = convert(alpha, V1).unwrap();
+            prop_assert_eq!(back, original);
+        }
+    }
+}
