@@ -547,3 +547,75 @@ async fn mydatabase_v1alpha1_is_served_through_the_conversion_webhook() -> Resul
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn the_agent_can_serve_the_webhook_in_process() -> Result<()> {
+    let lab = support::lab().await?;
+    lab.install_crds("east", &lab::crd_dir()).await?;
+    let namespace = TestNamespace::create(&lab, "agent-webhook", &["east"]).await?;
+    let ns = namespace.name.as_str();
+    let east = lab.inside_client("east").await?;
+    label_namespace(&east, ns, serde_json::json!({SCOPE_LABEL: ns})).await?;
+    let port = free_port();
+    let url = format!("https://127.0.0.1:{port}");
+    let listen = format!("127.0.0.1:{port}");
+    let name = format!("e2e-{ns}");
+    let selector = format!("{SCOPE_LABEL}={ns}");
+    let agent = bulkhead_e2e::agent_support::AgentProcess::start(
+        &lab,
+        "east",
+        ns,
+        &[
+            "--no-fencing",
+            "--webhook",
+            "--listen",
+            &listen,
+            "--url",
+            &url,
+            "--configuration-name",
+            &name,
+            "--selector-label",
+            &selector,
+        ],
+    )?;
+    let _configurations = Configurations {
+        name: name.clone(),
+        kubeconfigs: vec![lab.inside_kubeconfig("east")],
+    };
+    let statefulset: StatefulSet = serde_json::from_value(serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "nameless"},
+        "spec": {"selector": {"matchLabels": {"a": "b"}}, "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c", "image": "x"}]}}}
+    }))?;
+    let statefulsets: Api<StatefulSet> = Api::namespaced(east.clone(), ns);
+    let message = wait_for(
+        "the agent's webhook denies a StatefulSet without serviceName",
+        Duration::from_secs(30),
+        || {
+            let statefulsets = statefulsets.clone();
+            let statefulset = statefulset.clone();
+            async move {
+                match statefulsets
+                    .create(
+                        &PostParams {
+                            dry_run: true,
+                            ..Default::default()
+                        },
+                        &statefulset,
+                    )
+                    .await
+                {
+                    Err(kube::Error::Api(status))
+                        if status.message.contains("spec.serviceName") =>
+                    {
+                        Check::Done(status.message.clone())
+                    }
+                    other => Check::Waiting(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await
+    .with_context(|| format!("agent log:\n{}", agent.log_tail()))?;
+    eprintln!("denial from the agent's in-process webhook: {message}");
+    Ok(())
+}

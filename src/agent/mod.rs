@@ -58,6 +58,12 @@ pub struct AgentOptions {
     /// Upper bound for one reconcile (seconds).
     #[arg(long, default_value_t = 30)]
     pub reconcile_timeout_seconds: u64,
+    /// Also serve the admission webhook in this process and install the member-side
+    /// webhook configurations into this cluster (the webhook flags below apply).
+    #[arg(long)]
+    pub webhook: bool,
+    #[command(flatten)]
+    pub webhook_options: crate::webhook::WebhookServerOptions,
 }
 
 /// Runs the agent until SIGTERM.
@@ -69,6 +75,14 @@ pub async fn run(options: AgentOptions) -> Result<()> {
         return Ok(());
     }
     let client = process.client.clone();
+    if options.webhook {
+        let targets = vec![(
+            "this cluster".to_string(),
+            client.clone(),
+            crate::webhook::configurations::ClusterRole::Member,
+        )];
+        crate::webhook::start(&process, &options.webhook_options, targets).await?;
+    }
     let agent_metrics = AgentMetrics::register(&process.metrics);
     let reporter = Reporter {
         controller: "bulkhead-agent".into(),

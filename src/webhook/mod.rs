@@ -55,6 +55,19 @@ pub struct WebhookOptions {
     pub client: ClientOptions,
     #[command(flatten)]
     pub serve: ServeOptions,
+    #[command(flatten)]
+    pub server: WebhookServerOptions,
+    /// Install the hub-side configurations into the cluster of --kubeconfig.
+    #[arg(long)]
+    pub configure_hub: bool,
+    /// Install the member-side configurations into the cluster of this kubeconfig (repeatable).
+    #[arg(long)]
+    pub configure_member: Vec<PathBuf>,
+}
+
+/// How the webhook server runs, standalone or inside `bulkhead hub`/`bulkhead agent`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct WebhookServerOptions {
     /// HTTPS address for /validate and /mutate.
     #[arg(long, default_value = "0.0.0.0:9443")]
     pub listen: SocketAddr,
@@ -85,12 +98,6 @@ pub struct WebhookOptions {
     /// ...or a Service `namespace/name[:port]` (default bulkhead-system/bulkhead-webhook:443).
     #[arg(long)]
     pub service: Option<String>,
-    /// Install the hub-side configurations into the cluster of --kubeconfig.
-    #[arg(long)]
-    pub configure_hub: bool,
-    /// Install the member-side configurations into the cluster of this kubeconfig (repeatable).
-    #[arg(long)]
-    pub configure_member: Vec<PathBuf>,
     /// Base name of the webhook configurations.
     #[arg(long, default_value = "bulkhead")]
     pub configuration_name: String,
@@ -321,7 +328,7 @@ async fn serve(
     }
 }
 
-fn endpoint(options: &WebhookOptions) -> Endpoint {
+fn endpoint(options: &WebhookServerOptions) -> Endpoint {
     if let Some(url) = &options.url {
         return Endpoint::Url(url.clone());
     }
@@ -346,6 +353,36 @@ fn endpoint(options: &WebhookOptions) -> Endpoint {
 /// Runs the webhook until SIGTERM.
 pub async fn run(options: WebhookOptions) -> Result<()> {
     let process = Process::start("webhook", &options.client, &options.serve).await?;
+    let mut targets = vec![];
+    if options.configure_hub {
+        targets.push(("hub".to_string(), process.client.clone(), ClusterRole::Hub));
+    }
+    for kubeconfig in &options.configure_member {
+        let member = crate::process::connect(&ClientOptions {
+            kubeconfig: Some(kubeconfig.clone()),
+            context: None,
+        })
+        .await?;
+        targets.push((
+            kubeconfig.display().to_string(),
+            member,
+            ClusterRole::Member,
+        ));
+    }
+    let serving = start(&process, &options.server, targets).await?;
+    process.readiness.set_ready();
+    let _ = serving.await;
+    process.finish().await;
+    Ok(())
+}
+
+/// Starts the webhook inside `process`: certificates, tenant rules, the HTTPS listener,
+/// then the configurations in every target cluster. Returns the serving task.
+pub async fn start(
+    process: &Process,
+    options: &WebhookServerOptions,
+    targets: Vec<(String, kube::Client, ClusterRole)>,
+) -> Result<tokio::task::JoinHandle<()>> {
     let client = process.client.clone();
 
     // Certificates.
@@ -478,7 +515,7 @@ pub async fn run(options: WebhookOptions) -> Result<()> {
     // Configurations, now that the server answers.
     let spec = ConfigurationSpec {
         name: options.configuration_name.clone(),
-        endpoint: endpoint(&options),
+        endpoint: endpoint(options),
         ca_bundle_pem: ca_pem,
         selector_label: options
             .selector_label
@@ -487,32 +524,17 @@ pub async fn run(options: WebhookOptions) -> Result<()> {
             .map(|(k, v)| (k.to_string(), v.to_string())),
     };
     let mut configured: Vec<(String, kube::Client)> = vec![];
-    if options.configure_hub {
-        configurations::install(&client, &spec, ClusterRole::Hub)
-            .await
-            .map_err(|source| Error::api("installing the hub webhook configurations", source))?;
-        tracing::info!("hub webhook configurations installed");
-        configured.push(("hub".into(), client.clone()));
-    }
-    for kubeconfig in &options.configure_member {
-        let member = crate::process::connect(&ClientOptions {
-            kubeconfig: Some(kubeconfig.clone()),
-            context: None,
-        })
-        .await?;
-        configurations::install(&member, &spec, ClusterRole::Member)
+    for (name, cluster, role) in targets {
+        configurations::install(&cluster, &spec, role)
             .await
             .map_err(|source| {
                 Error::api(
-                    format!(
-                        "installing the member webhook configurations via {}",
-                        kubeconfig.display()
-                    ),
+                    format!("installing the {role:?} webhook configurations in {name}"),
                     source,
                 )
             })?;
-        tracing::info!(kubeconfig = %kubeconfig.display(), "member webhook configurations installed");
-        configured.push((kubeconfig.display().to_string(), member));
+        tracing::info!(cluster = %name, ?role, "webhook configurations installed");
+        configured.push((name, cluster));
     }
     if options.conversion {
         for (name, cluster) in &configured {
@@ -550,10 +572,7 @@ pub async fn run(options: WebhookOptions) -> Result<()> {
         });
     }
 
-    process.readiness.set_ready();
-    let _ = serving.await;
-    process.finish().await;
-    Ok(())
+    Ok(serving)
 }
 
 async fn watch_cluster_names(
