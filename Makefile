@@ -30,7 +30,7 @@ crd-check:
 
 unit:
 	$(CARGO) test --workspace --lib --bins
-	$(CARGO) test -p bulkhead --tests
+	$(CARGO) test -p bulkhead --test '*'
 
 ## e2e: the end-to-end tests against the lab's real control planes (builds the lab binaries on first use)
 e2e: lab-binaries
