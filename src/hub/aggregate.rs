@@ -1,0 +1,488 @@
+//! Status aggregation (DESIGN.md section 4), pure: what the hub writes into a binding and
+//! its template from what it last saw of each member copy. An unreachable cluster's
+//! replicas count as not ready, its row keeps `lastSeen`, and the template says
+//! `Degraded=True, reason=ClusterUnreachable`.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use serde_json::Value;
+
+use crate::api::mydatabase::{DatabaseClusterStatus, DatabasePhase};
+use crate::api::resource_binding::{ClusterPlacementStatus, PlacementHealth};
+use crate::api::{ConditionStatus, MyDatabaseStatus, new_condition, set_condition};
+
+/// What the hub knows about one member copy of a template.
+#[derive(Clone, Debug, Default)]
+pub struct CopyObservation {
+    pub cluster: String,
+    /// Replicas the binding gives this cluster.
+    pub assigned_replicas: i32,
+    /// The cluster is Ready (reachable, credentials valid) right now.
+    pub reachable: bool,
+    /// The copy was applied for the current decision.
+    pub applied: bool,
+    /// When the hub last read the copy.
+    pub last_seen: Option<Time>,
+    /// The copy's `.status` as last seen.
+    pub status: Option<Value>,
+    /// Stateful placement in an unreachable cluster under `failover.stateful: Fence`.
+    pub fenced: bool,
+    /// Why the copy is not applied, if known (a conflict, an apply error).
+    pub message: Option<String>,
+}
+
+fn int(status: &Option<Value>, field: &str) -> i32 {
+    status.as_ref().and_then(|s| s[field].as_i64()).unwrap_or(0) as i32
+}
+
+/// Ready replicas that count: none from an unreachable cluster.
+fn ready(observation: &CopyObservation) -> i32 {
+    if observation.reachable {
+        int(&observation.status, "readyReplicas")
+    } else {
+        0
+    }
+}
+
+/// Sums of Deployment status over the member copies.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeploymentSums {
+    pub replicas: i32,
+    pub ready_replicas: i32,
+    pub available_replicas: i32,
+    pub updated_replicas: i32,
+}
+
+/// Deployment status for the hub template.
+pub fn deployment_sums(observations: &[CopyObservation]) -> DeploymentSums {
+    let mut sums = DeploymentSums::default();
+    for observation in observations {
+        sums.replicas += int(&observation.status, "replicas");
+        if observation.reachable {
+            sums.ready_replicas += int(&observation.status, "readyReplicas");
+            sums.available_replicas += int(&observation.status, "availableReplicas");
+            sums.updated_replicas += int(&observation.status, "updatedReplicas");
+        }
+    }
+    sums
+}
+
+fn copy_phase(observation: &CopyObservation) -> Option<DatabasePhase> {
+    observation
+        .status
+        .as_ref()
+        .and_then(|s| serde_json::from_value(s["phase"].clone()).ok())
+}
+
+fn copy_read_only(observation: &CopyObservation) -> bool {
+    let status = observation.status.as_ref();
+    status
+        .and_then(|s| s["conditions"].as_array())
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| c["type"] == "ReadOnly" && c["status"] == "True")
+        })
+        || copy_phase(observation) == Some(DatabasePhase::ReadOnly)
+}
+
+/// One placement's health for the binding.
+pub fn placement_health(observation: &CopyObservation) -> PlacementHealth {
+    if !observation.reachable || observation.status.is_none() {
+        PlacementHealth::Unknown
+    } else if observation.applied && ready(observation) >= observation.assigned_replicas {
+        PlacementHealth::Healthy
+    } else {
+        PlacementHealth::Unhealthy
+    }
+}
+
+/// The binding's per-cluster rows.
+pub fn binding_rows(
+    observations: &[CopyObservation],
+    pending_cleanup: &[String],
+) -> Vec<ClusterPlacementStatus> {
+    let mut rows: Vec<ClusterPlacementStatus> = observations
+        .iter()
+        .map(|o| ClusterPlacementStatus {
+            name: o.cluster.clone(),
+            applied: o.applied,
+            health: placement_health(o),
+            ready_replicas: ready(o),
+            last_seen: o.last_seen.clone(),
+            fenced: o.fenced,
+            pending_cleanup: pending_cleanup.contains(&o.cluster),
+            message: o.message.clone(),
+        })
+        .collect();
+    for cluster in pending_cleanup {
+        if !rows.iter().any(|r| &r.name == cluster) {
+            rows.push(ClusterPlacementStatus {
+                name: cluster.clone(),
+                pending_cleanup: true,
+                message: Some(
+                    "removed from the placement; the copy is deleted once the cluster is reachable"
+                        .into(),
+                ),
+                ..Default::default()
+            });
+        }
+    }
+    rows.sort_by(|a, b| a.name.cmp(&b.name));
+    rows
+}
+
+fn unreachable_message(observations: &[CopyObservation]) -> Option<String> {
+    let gone: Vec<String> = observations
+        .iter()
+        .filter(|o| !o.reachable)
+        .map(|o| match &o.last_seen {
+            Some(seen) => format!("{} (last seen {})", o.cluster, seen.0),
+            None => format!("{} (never seen)", o.cluster),
+        })
+        .collect();
+    (!gone.is_empty()).then(|| {
+        format!(
+            "unreachable: {}; their replicas count as not ready",
+            gone.join(", ")
+        )
+    })
+}
+
+/// Sets the template conditions every kind shares: Degraded (ClusterUnreachable or
+/// ReplicasNotReady) and Ready.
+pub fn template_conditions(
+    conditions: &mut Vec<Condition>,
+    observations: &[CopyObservation],
+    desired: i32,
+    ready_total: i32,
+    generation: Option<i64>,
+) {
+    let (degraded, reason, message) = match unreachable_message(observations) {
+        Some(message) => (true, "ClusterUnreachable", message),
+        None if ready_total < desired && observations.iter().all(|o| o.applied) => (
+            true,
+            "ReplicasNotReady",
+            format!("{ready_total} of {desired} replicas ready across clusters"),
+        ),
+        None => (
+            false,
+            "AsExpected",
+            format!("{ready_total} of {desired} replicas ready across clusters"),
+        ),
+    };
+    set_condition(
+        conditions,
+        new_condition(
+            "Degraded",
+            ConditionStatus::from_bool(degraded),
+            reason,
+            message,
+            generation,
+        ),
+    );
+    let all_ready = !observations.is_empty() && ready_total >= desired;
+    set_condition(
+        conditions,
+        new_condition(
+            "Ready",
+            ConditionStatus::from_bool(all_ready),
+            if all_ready {
+                "AllReplicasReady"
+            } else {
+                "ReplicasNotReady"
+            },
+            format!("{ready_total} of {desired} replicas ready across clusters"),
+            generation,
+        ),
+    );
+}
+
+/// The hub MyDatabase template's status: one row per placement, sums, phase and
+/// conditions (keeping the previous conditions' transition times).
+pub fn mydatabase_status(
+    previous: Option<&MyDatabaseStatus>,
+    observations: &[CopyObservation],
+    desired: i32,
+    generation: Option<i64>,
+    deleting: bool,
+) -> MyDatabaseStatus {
+    let clusters: Vec<DatabaseClusterStatus> = {
+        let mut rows: Vec<DatabaseClusterStatus> = observations
+            .iter()
+            .map(|o| DatabaseClusterStatus {
+                name: o.cluster.clone(),
+                replicas: o.assigned_replicas,
+                ready_replicas: ready(o),
+                // A fenced placement serves read-only even though we cannot see it.
+                read_only: copy_read_only(o) || o.fenced,
+                fenced: o.fenced,
+                phase: copy_phase(o),
+                last_seen: o.last_seen.clone(),
+            })
+            .collect();
+        rows.sort_by(|a, b| a.name.cmp(&b.name));
+        rows
+    };
+    let replicas: i32 = observations
+        .iter()
+        .map(|o| int(&o.status, "replicas"))
+        .sum();
+    let ready_total: i32 = clusters.iter().map(|c| c.ready_replicas).sum();
+    let mut conditions = previous.map(|p| p.conditions.clone()).unwrap_or_default();
+    template_conditions(
+        &mut conditions,
+        observations,
+        desired,
+        ready_total,
+        generation,
+    );
+    let read_only: Vec<&str> = clusters
+        .iter()
+        .filter(|c| c.read_only)
+        .map(|c| c.name.as_str())
+        .collect();
+    let (read_only_status, read_only_reason, read_only_message) = if read_only.is_empty() {
+        (
+            false,
+            "ReadWrite",
+            "every placement accepts writes".to_string(),
+        )
+    } else if clusters.iter().any(|c| c.fenced) {
+        (
+            true,
+            "Fenced",
+            format!(
+                "read-only in {} (fenced while the hub cannot reach them)",
+                read_only.join(", ")
+            ),
+        )
+    } else {
+        (
+            true,
+            "ReadOnlyPlacements",
+            format!("read-only in {}", read_only.join(", ")),
+        )
+    };
+    set_condition(
+        &mut conditions,
+        new_condition(
+            "ReadOnly",
+            ConditionStatus::from_bool(read_only_status),
+            read_only_reason,
+            read_only_message,
+            generation,
+        ),
+    );
+    let unreachable = observations.iter().any(|o| !o.reachable);
+    let phase = if deleting {
+        DatabasePhase::Deleting
+    } else if observations.is_empty() {
+        DatabasePhase::Pending
+    } else if unreachable
+        || clusters
+            .iter()
+            .any(|c| c.phase == Some(DatabasePhase::Degraded))
+    {
+        DatabasePhase::Degraded
+    } else if !read_only.is_empty() && read_only.len() == clusters.len() {
+        DatabasePhase::ReadOnly
+    } else if ready_total >= desired {
+        DatabasePhase::Ready
+    } else {
+        DatabasePhase::Provisioning
+    };
+    MyDatabaseStatus {
+        observed_generation: generation,
+        phase: Some(phase),
+        replicas,
+        ready_replicas: ready_total,
+        conditions,
+        clusters,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::find_condition;
+    use serde_json::json;
+
+    fn seen(seconds: i64) -> Option<Time> {
+        Some(Time(
+            jiff::Timestamp::from_second(1_800_000_000 + seconds).unwrap(),
+        ))
+    }
+
+    fn copy(cluster: &str, assigned: i32, status: Value, reachable: bool) -> CopyObservation {
+        CopyObservation {
+            cluster: cluster.into(),
+            assigned_replicas: assigned,
+            reachable,
+            applied: true,
+            last_seen: seen(0),
+            status: Some(status),
+            fenced: false,
+            message: None,
+        }
+    }
+
+    #[test]
+    fn deployment_sums_count_unreachable_replicas_as_not_ready() {
+        let observations = [
+            copy(
+                "east",
+                4,
+                json!({"replicas": 4, "readyReplicas": 4, "availableReplicas": 4, "updatedReplicas": 4}),
+                true,
+            ),
+            copy(
+                "west",
+                2,
+                json!({"replicas": 2, "readyReplicas": 2, "availableReplicas": 2, "updatedReplicas": 2}),
+                false,
+            ),
+        ];
+        assert_eq!(
+            deployment_sums(&observations),
+            DeploymentSums {
+                replicas: 6,
+                ready_replicas: 4,
+                available_replicas: 4,
+                updated_replicas: 4
+            }
+        );
+    }
+
+    #[test]
+    fn binding_rows_say_health_and_pending_cleanup() {
+        let observations = [
+            copy("east", 4, json!({"readyReplicas": 4}), true),
+            copy("west", 2, json!({"readyReplicas": 1}), true),
+            copy("north", 2, json!({"readyReplicas": 2}), false),
+        ];
+        let rows = binding_rows(&observations, &["south".to_string()]);
+        let health: Vec<(&str, PlacementHealth, i32, bool)> = rows
+            .iter()
+            .map(|r| {
+                (
+                    r.name.as_str(),
+                    r.health,
+                    r.ready_replicas,
+                    r.pending_cleanup,
+                )
+            })
+            .collect();
+        assert_eq!(
+            health,
+            [
+                ("east", PlacementHealth::Healthy, 4, false),
+                ("north", PlacementHealth::Unknown, 0, false),
+                ("south", PlacementHealth::Unknown, 0, true),
+                ("west", PlacementHealth::Unhealthy, 1, false),
+            ]
+        );
+    }
+
+    #[test]
+    fn mydatabase_ready_across_clusters() {
+        let observations = [
+            copy(
+                "east",
+                4,
+                json!({"replicas": 4, "readyReplicas": 4, "phase": "Ready"}),
+                true,
+            ),
+            copy(
+                "west",
+                2,
+                json!({"replicas": 2, "readyReplicas": 2, "phase": "Ready"}),
+                true,
+            ),
+        ];
+        let status = mydatabase_status(None, &observations, 6, Some(1), false);
+        assert_eq!(status.phase, Some(DatabasePhase::Ready));
+        assert_eq!((status.replicas, status.ready_replicas), (6, 6));
+        assert_eq!(status.clusters.len(), 2);
+        assert_eq!(
+            find_condition(&status.conditions, "Degraded")
+                .unwrap()
+                .status,
+            "False"
+        );
+        assert_eq!(
+            find_condition(&status.conditions, "Ready").unwrap().status,
+            "True"
+        );
+    }
+
+    #[test]
+    fn an_unreachable_fenced_placement_degrades_the_template_and_keeps_last_seen() {
+        let mut east = copy(
+            "east",
+            4,
+            json!({"replicas": 4, "readyReplicas": 4, "phase": "Ready"}),
+            false,
+        );
+        east.fenced = true;
+        east.last_seen = seen(42);
+        let observations = [
+            east,
+            copy(
+                "west",
+                2,
+                json!({"replicas": 2, "readyReplicas": 2, "phase": "Ready"}),
+                true,
+            ),
+        ];
+        let status = mydatabase_status(None, &observations, 6, Some(1), false);
+        assert_eq!(status.phase, Some(DatabasePhase::Degraded));
+        assert_eq!(
+            status.ready_replicas, 2,
+            "east's replicas count as not ready"
+        );
+        let degraded = find_condition(&status.conditions, "Degraded").unwrap();
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", "ClusterUnreachable")
+        );
+        assert!(
+            degraded.message.contains("east (last seen"),
+            "{}",
+            degraded.message
+        );
+        let east_row = status.clusters.iter().find(|c| c.name == "east").unwrap();
+        assert!(east_row.fenced && east_row.read_only);
+        assert_eq!(east_row.last_seen, seen(42));
+        assert_eq!(
+            find_condition(&status.conditions, "ReadOnly")
+                .unwrap()
+                .reason,
+            "Fenced"
+        );
+    }
+
+    #[test]
+    fn nothing_placed_is_pending_and_deleting_wins() {
+        assert_eq!(
+            mydatabase_status(None, &[], 3, None, false).phase,
+            Some(DatabasePhase::Pending)
+        );
+        assert_eq!(
+            mydatabase_status(None, &[], 3, None, true).phase,
+            Some(DatabasePhase::Deleting)
+        );
+    }
+
+    #[test]
+    fn recomputing_keeps_transition_times() {
+        let observations = [copy(
+            "east",
+            2,
+            json!({"replicas": 2, "readyReplicas": 2, "phase": "Ready"}),
+            true,
+        )];
+        let first = mydatabase_status(None, &observations, 2, Some(1), false);
+        let second = mydatabase_status(Some(&first), &observations, 2, Some(1), false);
+        assert_eq!(first, second, "no change, no write");
+    }
+}
