@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::MemberCluster;
 use crate::api::member_cluster::ZoneState;
+use crate::hub::health::Health;
 use crate::hub::members::{MemberSnapshot, Registry};
 use crate::hub::metrics::{HubMetrics, ZoneLabels};
 use crate::hub::prober::HealthBoard;
@@ -75,7 +76,9 @@ pub async fn run(context: DisruptionContext, shutdown: CancellationToken) {
         let entries = context.board.entries();
         let members: Vec<(&String, MemberZoneView)> = entries
             .iter()
-            .filter(|(name, _)| snapshot.contains_key(*name))
+            // A member not judged yet (Unknown) says nothing about its zone; counting it
+            // as down would freeze a hub whose members just joined.
+            .filter(|(name, entry)| snapshot.contains_key(*name) && entry.health != Health::Unknown)
             .map(|(name, entry)| {
                 (
                     name,
@@ -103,7 +106,11 @@ pub async fn run(context: DisruptionContext, shutdown: CancellationToken) {
                     .filter(|(_, v)| &v.zone == zone)
                     .map(|(n, _)| *n)
                     .collect();
-                tracing::warn!(%zone, state = state_name(*state), "zone disruption state changed");
+                if *state == ZoneState::Normal {
+                    tracing::info!(%zone, state = state_name(*state), "zone disruption state changed");
+                } else {
+                    tracing::warn!(%zone, state = state_name(*state), "zone disruption state changed");
+                }
                 let event = Event {
                     type_: if *state == ZoneState::Normal {
                         EventType::Normal

@@ -410,7 +410,11 @@ async fn ensure_taints(
         "metadata": {"resourceVersion": fresh.metadata.resource_version},
         "spec": {"taints": taints},
     });
-    api.patch(&handle.name, &PatchParams::default(), &Patch::Merge(&patch))
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..Default::default()
+    };
+    api.patch(&handle.name, &params, &Patch::Merge(&patch))
         .await?;
     tracing::info!(member = %handle.name, ?wanted, "updated the member's hub taints");
     Ok(())

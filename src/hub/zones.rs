@@ -15,7 +15,8 @@ pub const PARTIAL_DISRUPTION_SHARE: f64 = 0.55;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemberZoneView {
     pub zone: String,
-    /// Only a member whose verdict is Healthy counts as healthy; Unknown does not.
+    /// The member's verdict is Healthy. Members not judged yet (Unknown) are left out of
+    /// the zone rule by the caller.
     pub healthy: bool,
 }
 
