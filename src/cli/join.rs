@@ -589,11 +589,18 @@ pub async fn join(options: &JoinOptions) -> Result<()> {
                 endpoint.server
             )
         })?
-        .with_context(|| {
-            format!(
+        .map_err(|error| match error {
+            kube::Error::Api(status) if status.code == 401 || status.code == 403 => anyhow::anyhow!(
+                "member {name} at {} rejects the credentials in {} ({} {}); nothing was changed",
+                endpoint.server,
+                options.kubeconfig.display(),
+                status.code,
+                status.message
+            ),
+            error => anyhow::Error::new(error).context(format!(
                 "cannot reach member {name} at {}; nothing was changed",
                 endpoint.server
-            )
+            )),
         })?;
     let refused = denied(&member, join_permissions()).await.with_context(|| {
         format!("cannot check the credentials for member {name}; nothing was changed")

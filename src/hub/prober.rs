@@ -293,8 +293,16 @@ pub async fn probe_member(context: ProberContext, name: String, cancel: Cancella
                 }
             }
         }
-        if let Err(error) = ensure_taints(&context.hub, &handle, &health).await {
-            tracing::warn!(member = %name, %error, "cannot update the member's hub taints");
+        match ensure_taints(&context.hub, &handle, &health).await {
+            Ok(()) => {}
+            // Someone changed the MemberCluster between our read and write; the next probe
+            // recomputes from the new version.
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                tracing::debug!(member = %name, "taint update conflicted; retrying at the next probe");
+            }
+            Err(error) => {
+                tracing::warn!(member = %name, %error, "cannot update the member's hub taints")
+            }
         }
 
         let next = tokio::time::Instant::from_std(started + interval);
