@@ -105,6 +105,11 @@ async fn metrics(port: u16) -> Result<String> {
     Ok(raw)
 }
 
+/// True when `line` is one of the samples (not a HELP text that happens to contain it).
+fn metric_line(text: &str, line: &str) -> bool {
+    text.lines().any(|l| l.trim_end() == line)
+}
+
 /// The `bulkhead hub` process, killed when dropped.
 struct Hub {
     child: Child,
@@ -481,7 +486,7 @@ async fn members_join_are_probed_tainted_zoned_leased_and_unjoin_cleanly() -> Re
     );
     let text = metrics(port).await?;
     assert!(
-        text.contains("bulkhead_zone_state{zone=\"zone-a\"} 2"),
+        metric_line(&text, "bulkhead_zone_state{zone=\"zone-a\"} 2"),
         "{text}"
     );
     assert!(
@@ -498,12 +503,14 @@ async fn members_join_are_probed_tainted_zoned_leased_and_unjoin_cleanly() -> Re
 
     // Isolate the hub: every zone in FullDisruption, the hub freezes; heal: it thaws.
     {
+        let text = metrics(port).await?;
+        assert!(metric_line(&text, "bulkhead_hub_frozen 0"), "{text}");
         let _isolation = HubIsolation(&lab);
         lab.isolate_hub()?;
         let cut = Instant::now();
         wait_for("the hub frozen", Duration::from_secs(60), || async move {
             match metrics(port).await {
-                Ok(text) if text.contains("bulkhead_hub_frozen 1") => Check::Done(()),
+                Ok(text) if metric_line(&text, "bulkhead_hub_frozen 1") => Check::Done(()),
                 Ok(text) => Check::Waiting(
                     text.lines()
                         .filter(|l| {
@@ -521,7 +528,7 @@ async fn members_join_are_probed_tainted_zoned_leased_and_unjoin_cleanly() -> Re
     }
     wait_for("the hub thawed", Duration::from_secs(60), || async move {
         match metrics(port).await {
-            Ok(text) if text.contains("bulkhead_hub_frozen 0") => Check::Done(()),
+            Ok(text) if metric_line(&text, "bulkhead_hub_frozen 0") => Check::Done(()),
             Ok(_) => Check::Waiting("still frozen".into()),
             Err(e) => Check::Waiting(e.to_string()),
         }
