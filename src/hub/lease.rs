@@ -132,6 +132,52 @@ pub async fn renew_member(
 mod tests {
     use super::*;
 
+    use kube::client::Body;
+
+    /// A renewal is one server-side apply of the Lease (which also creates it).
+    #[tokio::test]
+    async fn renewal_is_one_server_side_apply() {
+        let (service, mut handle) =
+            tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
+        let client = Client::new(service, "default");
+        let server = tokio::spawn(async move {
+            let (request, respond) = handle.next_request().await.expect("one request");
+            assert_eq!(request.method(), http::Method::PATCH);
+            assert_eq!(
+                request.uri().path(),
+                "/apis/coordination.k8s.io/v1/namespaces/bulkhead-system/leases/bulkhead-hub"
+            );
+            let query = request.uri().query().unwrap_or_default().to_string();
+            assert!(query.contains("fieldManager=bulkhead-hub"), "{query}");
+            assert!(query.contains("force=true"), "{query}");
+            assert_eq!(
+                request.headers()[http::header::CONTENT_TYPE],
+                "application/apply-patch+yaml"
+            );
+            let body = request.into_body().collect_bytes().await.unwrap();
+            let lease: Lease = serde_json::from_slice(&body).unwrap();
+            assert_eq!(
+                lease.spec.as_ref().unwrap().holder_identity.as_deref(),
+                Some("hub-1")
+            );
+            respond.send_response(
+                http::Response::builder()
+                    .body(Body::from(serde_json::to_vec(&lease).unwrap()))
+                    .unwrap(),
+            );
+        });
+        let settings = LeaseSettings {
+            identity: "hub-1".into(),
+            renew_interval: Duration::from_secs(2),
+            duration: Duration::from_secs(10),
+        };
+        let now = jiff::Timestamp::now();
+        renew(&client, &desired_lease(&settings, now, now))
+            .await
+            .unwrap();
+        server.await.unwrap();
+    }
+
     #[test]
     fn the_lease_carries_identity_duration_and_times() {
         let settings = LeaseSettings {

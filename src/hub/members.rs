@@ -312,6 +312,117 @@ mod tests {
         assert_eq!(server, "https://127.0.0.1:1/");
     }
 
+    const TOKEN_KUBECONFIG: &str = "apiVersion: v1\nkind: Config\nclusters:\n- name: m\n  cluster:\n    server: https://127.0.0.1:1\n    insecure-skip-tls-verify: true\nusers:\n- name: u\n  user:\n    token: abc\ncontexts:\n- name: c\n  context:\n    cluster: m\n    user: u\ncurrent-context: c\n";
+
+    fn member(name: &str, secret_namespace: &str) -> MemberCluster {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "federation.example.com/v1alpha1",
+            "kind": "MemberCluster",
+            "metadata": {"name": name},
+            "spec": {"secretRef": {"namespace": secret_namespace, "name": format!("member-{name}")}, "zone": "zone-a"}
+        }))
+        .unwrap()
+    }
+
+    fn secret(name: &str, version: &str, kubeconfig: Option<&str>) -> Secret {
+        let mut secret: Secret = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": SYSTEM_NAMESPACE, "uid": "u1", "resourceVersion": version}
+        }))
+        .unwrap();
+        if let Some(text) = kubeconfig {
+            secret.data = Some(std::collections::BTreeMap::from([(
+                KUBECONFIG_KEY.to_string(),
+                k8s_openapi::ByteString(text.as_bytes().to_vec()),
+            )]));
+        }
+        secret
+    }
+
+    fn stores(
+        members: Vec<MemberCluster>,
+        secrets: Vec<Secret>,
+    ) -> (Store<MemberCluster>, Store<Secret>) {
+        let (member_store, mut member_writer) = reflector::store();
+        for m in members {
+            member_writer.apply_watcher_event(&watcher::Event::Apply(m));
+        }
+        let (secret_store, mut secret_writer) = reflector::store();
+        for s in secrets {
+            secret_writer.apply_watcher_event(&watcher::Event::Apply(s));
+        }
+        (member_store, secret_store)
+    }
+
+    #[tokio::test]
+    async fn bad_or_missing_secrets_leave_the_member_without_a_client_and_others_unaffected() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let (members, secrets) = stores(
+            vec![
+                member("good", SYSTEM_NAMESPACE),
+                member("missing", SYSTEM_NAMESPACE),
+                member("nokey", SYSTEM_NAMESPACE),
+                member("garbage", SYSTEM_NAMESPACE),
+                member("elsewhere", "default"),
+            ],
+            vec![
+                secret("member-good", "1", Some(TOKEN_KUBECONFIG)),
+                secret("member-nokey", "1", None),
+                secret("member-garbage", "1", Some("clusters: [unclosed")),
+            ],
+        );
+        let snapshot = rebuild(&members, &secrets, &HashMap::new()).await;
+        assert_eq!(snapshot.len(), 5);
+        assert!(snapshot["good"].client().is_some());
+        let reason = |name: &str| snapshot[name].connection.as_ref().err().unwrap().clone();
+        assert!(
+            reason("missing").contains("not found"),
+            "{}",
+            reason("missing")
+        );
+        assert!(
+            reason("nokey").contains("has no key"),
+            "{}",
+            reason("nokey")
+        );
+        assert!(
+            reason("garbage").contains("does not parse"),
+            "{}",
+            reason("garbage")
+        );
+        assert!(
+            reason("elsewhere").contains("outside"),
+            "{}",
+            reason("elsewhere")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_client_is_rebuilt_only_when_its_secret_changes() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let (members, secrets) = stores(
+            vec![member("east", SYSTEM_NAMESPACE)],
+            vec![secret("member-east", "1", Some(TOKEN_KUBECONFIG))],
+        );
+        let first = rebuild(&members, &secrets, &HashMap::new()).await;
+        let again = rebuild(&members, &secrets, &first).await;
+        let version = |s: &HashMap<String, MemberHandle>| {
+            s["east"]
+                .connection
+                .as_ref()
+                .unwrap()
+                .secret_version
+                .clone()
+        };
+        assert_eq!(version(&first), "u1/1");
+        assert_eq!(version(&again), "u1/1");
+        let (members, secrets) = stores(
+            vec![member("east", SYSTEM_NAMESPACE)],
+            vec![secret("member-east", "2", Some(TOKEN_KUBECONFIG))],
+        );
+        let rotated = rebuild(&members, &secrets, &again).await;
+        assert_eq!(version(&rotated), "u1/2");
+    }
+
     #[test]
     fn publishing_wakes_subscribers() {
         let registry = Registry::default();

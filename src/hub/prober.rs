@@ -458,6 +458,66 @@ mod tests {
         ));
     }
 
+    use kube::client::Body;
+
+    /// Probes a mocked API server that answers `status`, or never answers.
+    async fn probe_with(status: Option<u16>) -> ProbeOutcome {
+        let (service, mut handle) =
+            tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
+        let client = Client::new(service, "default");
+        let server = tokio::spawn(async move {
+            let (request, respond) = handle.next_request().await.expect("one request");
+            assert_eq!(request.uri().path(), "/readyz");
+            match status {
+                Some(status) => respond.send_response(
+                    http::Response::builder()
+                        .status(status)
+                        .body(Body::from(b"ok".to_vec()))
+                        .unwrap(),
+                ),
+                // Hold the request open, as a partitioned connection does.
+                None => {
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    drop(respond);
+                }
+            }
+        });
+        let outcome = probe_readyz(&client, Duration::from_millis(200)).await;
+        server.abort();
+        outcome
+    }
+
+    #[tokio::test]
+    async fn probes_classify_what_the_api_server_does() {
+        assert_eq!(probe_with(Some(200)).await, ProbeOutcome::Healthy);
+        assert!(matches!(
+            probe_with(Some(500)).await,
+            ProbeOutcome::Failed {
+                kind: FailureKind::NotReady,
+                ..
+            }
+        ));
+        assert!(matches!(
+            probe_with(Some(401)).await,
+            ProbeOutcome::Failed {
+                kind: FailureKind::CredentialsInvalid,
+                ..
+            }
+        ));
+        let started = Instant::now();
+        assert!(matches!(
+            probe_with(None).await,
+            ProbeOutcome::Failed {
+                kind: FailureKind::Unreachable,
+                ..
+            }
+        ));
+        assert!(
+            started.elapsed() < Duration::from_secs(4),
+            "bounded by the probe timeout"
+        );
+    }
+
     #[test]
     fn nulls_are_left_out_of_applied_status() {
         let body = strip_nulls(serde_json::json!({"status": {"a": null, "b": 1}}));
