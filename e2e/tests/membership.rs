@@ -396,6 +396,27 @@ async fn members_join_are_probed_tainted_zoned_leased_and_unjoin_cleanly() -> Re
         assert_eq!(&cells[1..5], [zone, "True", "Healthy", "v1.36.3"], "{row}");
     }
 
+    // Status is written on change, not per probe: a steady member costs at most one
+    // lastProbeTime refresh (every 30 s) in a 5 s window of five probes.
+    let writes = |text: &str, cluster: &str| -> u64 {
+        let prefix = format!("bulkhead_member_status_writes_total{{cluster=\"{cluster}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let before = metrics(port).await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let after = metrics(port).await?;
+    for (name, _, _) in MEMBERS {
+        let (b, a) = (writes(&before, name), writes(&after, name));
+        eprintln!("{name}: {} status writes in 5 s of steady probing", a - b);
+        assert!(
+            a - b <= 1,
+            "{name}: {b} -> {a} status writes while nothing changed"
+        );
+    }
+
     // The lease advances in every member.
     let mut inside = vec![];
     for (name, _, _) in MEMBERS {
@@ -581,6 +602,42 @@ async fn members_join_are_probed_tainted_zoned_leased_and_unjoin_cleanly() -> Re
     );
     let took = wait_ready(&hub, "west", Duration::from_secs(60)).await?;
     eprintln!("MEASURED: re-join with a fresh token -> west Ready in {took:?}");
+
+    // A missing Secret: CredentialsInvalid at once, the others unaffected; re-join fixes it.
+    secrets
+        .delete("member-north", &DeleteParams::default())
+        .await?;
+    wait_for(
+        "north CredentialsInvalid (Secret missing)",
+        Duration::from_secs(30),
+        || {
+            let api = members_api.clone();
+            async move {
+                match api.get("north").await {
+                    Ok(mc) if ready(&mc) == ("False".into(), "CredentialsInvalid".into()) => {
+                        Check::Done(())
+                    }
+                    Ok(mc) => Check::Waiting(format!("{:?}", ready(&mc))),
+                    Err(e) => Check::Waiting(e.to_string()),
+                }
+            }
+        },
+    )
+    .await?;
+    for other in ["east", "west"] {
+        assert_eq!(
+            ready(&members_api.get(other).await?).0,
+            "True",
+            "{other} unaffected"
+        );
+    }
+    let (name, zone, region) = MEMBERS[2];
+    assert!(
+        join(&lab, name, &lab.kubeconfig(name), zone, region)?
+            .status
+            .success()
+    );
+    wait_ready(&hub, "north", Duration::from_secs(60)).await?;
 
     hub_process.stop()?;
 
