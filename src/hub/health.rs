@@ -134,9 +134,12 @@ impl HealthTracker {
             }
         };
         match next {
-            // A new message for the same failure is not news: it would only churn
-            // status writes and Events while a member stays down.
-            Some(Health::Unhealthy { kind, .. }) if matches!(&self.health, Health::Unhealthy { kind: current, .. } if *current == kind) => {
+            // A new message for the same unreachability (timeout, refused, reset) is not
+            // news: it would only churn status writes and Events while a member stays
+            // cut off. Other failures have stable messages worth showing.
+            Some(Health::Unhealthy { kind, .. })
+                if kind == FailureKind::Unreachable && self.is_unhealthy_with(kind) =>
+            {
                 false
             }
             Some(next) if next != self.health => {
@@ -145,6 +148,10 @@ impl HealthTracker {
             }
             _ => false,
         }
+    }
+
+    fn is_unhealthy_with(&self, kind: FailureKind) -> bool {
+        matches!(&self.health, Health::Unhealthy { kind: current, .. } if *current == kind)
     }
 
     /// Sets the verdict at once, bypassing the thresholds: for facts that are not probe

@@ -123,6 +123,15 @@ impl Default for HubState {
 
 /// Runs the hub until SIGTERM.
 pub async fn run(options: HubOptions) -> Result<()> {
+    if options.lease_renew_interval >= options.lease_duration {
+        return Err(crate::Error::InvalidOption {
+            option: "--lease-renew-interval".into(),
+            reason: format!(
+                "{:?} must be shorter than --lease-duration {:?}, or members fence between renewals",
+                options.lease_renew_interval, options.lease_duration
+            ),
+        });
+    }
     let process = Process::start("hub", &options.client, &options.serve).await?;
     let wait = Duration::from_secs(options.serve.crd_wait_seconds);
     if process.wait_for_crds(HUB_CRDS, wait).await? {
@@ -213,7 +222,13 @@ pub async fn run_membership(
 
     shutdown.cancelled().await;
     for task in [registry_task, probers, leases, zones_task] {
-        let _ = task.await;
+        let abort = task.abort_handle();
+        if tokio::time::timeout(2 * tasks::SHUTDOWN_GRACE, task)
+            .await
+            .is_err()
+        {
+            abort.abort();
+        }
     }
 }
 

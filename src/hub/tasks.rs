@@ -9,6 +9,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::hub::members::Registry;
 
+/// How long a member task may take to notice shutdown before it is aborted.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Keeps one task per registered member running until `shutdown`, then waits for all.
 /// `spawn` starts the task for a member name with its own cancellation token.
 pub async fn per_member<F, Fut>(registry: Registry, shutdown: CancellationToken, spawn: F)
@@ -39,8 +42,16 @@ where
             changed = changes.changed() => if changed.is_err() { break },
         }
     }
-    for (_, (cancel, task)) in running {
+    for (cancel, _) in running.values() {
         cancel.cancel();
-        let _ = task.await;
+    }
+    // A task stops at its next await of the token; one stuck in a request gets a short
+    // grace and is then aborted, so SIGTERM never waits for a member's timeout.
+    for (name, (_, task)) in running {
+        let abort = task.abort_handle();
+        if tokio::time::timeout(SHUTDOWN_GRACE, task).await.is_err() {
+            tracing::debug!(member = %name, "task did not stop in time; aborting it");
+            abort.abort();
+        }
     }
 }
