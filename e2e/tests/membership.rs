@@ -14,10 +14,11 @@ use anyhow::{Context, Result, bail};
 use bulkhead::api::MemberCluster;
 use bulkhead::api::member_cluster::{TAINT_UNREACHABLE, ZoneState};
 use bulkhead_e2e::lab::Lab;
-use bulkhead_e2e::support::{self, Partition};
+use bulkhead_e2e::support::{self, Partition, TestNamespace};
 use bulkhead_e2e::{Check, wait_for};
+use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -285,6 +286,33 @@ async fn join_refuses_what_it_cannot_use_and_creates_nothing_on_the_hub() -> Res
         "{stderr}"
     );
     nothing_on_the_hub(&hub, "e2e-badcreds").await?;
+
+    // Valid credentials without the rights joining needs: refused, naming what is denied.
+    let namespace = TestNamespace::create(&lab, "membership", &["east"]).await?;
+    let east = lab.inside_client("east").await?;
+    let accounts = Api::<ServiceAccount>::namespaced(east.clone(), &namespace.name);
+    let account: ServiceAccount =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "limited"}}))?;
+    accounts.create(&PostParams::default(), &account).await?;
+    let token = accounts
+        .create_token_request("limited", &PostParams::default(), &TokenRequest::default())
+        .await?
+        .status
+        .and_then(|s| s.token)
+        .context("no token")?;
+    let mut limited = admin.clone();
+    limited["users"][0]["user"] = serde_yaml::from_str(&format!("{{token: {token}}}"))?;
+    let limited_path = dir.join("limited.kubeconfig");
+    std::fs::write(&limited_path, serde_yaml::to_string(&limited)?)?;
+    let output = join(&lab, "e2e-limited", &limited_path, "zone-a", "region-1")?;
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("may not do what joining needs") && stderr.contains("create namespaces"),
+        "{stderr}"
+    );
+    nothing_on_the_hub(&hub, "e2e-limited").await?;
+    drop(namespace);
 
     // A partitioned member: refused, with a timeout rather than a hang.
     {
