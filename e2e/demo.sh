@@ -17,6 +17,34 @@ for cluster in hub east west north; do
     -o custom-columns='NAME:.metadata.name,ESTABLISHED:.status.conditions[?(@.type=="Established")].status,SCOPE:.spec.scope' \
     | grep -E 'NAME|example\.com'
 done
+
+# Membership: join the three members and run the hub in the background (docs/clusters.md).
+cargo build -q -p bulkhead --bin bulkhead
+bulkhead="$root/target/debug/bulkhead"
+lab_dir="${BULKHEAD_LAB_DIR:-/tmp/bulkhead-lab}"
+hub_kubeconfig="$(e2e/lab kubeconfig hub)"
+for member in east:zone-a:region-1 west:zone-b:region-1 north:zone-c:region-2; do
+  IFS=: read -r name zone region <<<"$member"
+  "$bulkhead" join "$name" --kubeconfig "$(e2e/lab kubeconfig "$name")" \
+    --zone "$zone" --region "$region" --hub-kubeconfig "$hub_kubeconfig"
+done
+hub_pid_file="$lab_dir/bulkhead-hub.pid"
+if [[ -f "$hub_pid_file" ]] && kill -0 "$(cat "$hub_pid_file")" 2>/dev/null; then
+  echo "bulkhead hub already runs (pid $(cat "$hub_pid_file"))"
+else
+  nohup "$bulkhead" hub --kubeconfig "$hub_kubeconfig" --probe-address 127.0.0.1:18080 \
+    >"$lab_dir/bulkhead-hub.log" 2>&1 &
+  echo $! >"$hub_pid_file"
+  echo "started bulkhead hub (pid $!, log $lab_dir/bulkhead-hub.log, metrics http://127.0.0.1:18080/metrics)"
+fi
+for _ in $(seq 1 40); do
+  "$bulkhead" get clusters --kubeconfig "$hub_kubeconfig" | awk 'NR > 1 && $3 != "True" {missing = 1} END {exit missing}' && break
+  sleep 0.5
+done
+echo
+echo "== bulkhead get clusters"
+"$bulkhead" get clusters --kubeconfig "$hub_kubeconfig"
+
 echo
 e2e/lab status
 cat <<MSG
@@ -25,6 +53,8 @@ The lab keeps running in the background.
   use it:   eval "\$(e2e/lab env)"; kubectl get mc     (the hub)
             kubectl --kubeconfig \$(e2e/lab kubeconfig east) get nodes
   cut off:  e2e/lab partition east; e2e/lab heal east
+  hub:      target/debug/bulkhead get clusters --kubeconfig \$(e2e/lab kubeconfig hub)
+            stop it: kill \$(cat $lab_dir/bulkhead-hub.pid)
   stop it:  make lab-down
-The hub, agents and sample policies join the demo as their issues land (see README).
+The agents and sample policies join the demo as their issues land (see README).
 MSG

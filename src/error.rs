@@ -48,6 +48,10 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// A command-line option has a value the process cannot work with.
+    #[error("invalid option {option}: {reason}")]
+    InvalidOption { option: String, reason: String },
+
     /// Any other I/O failure, with what was being done.
     #[error("{action}: {source}")]
     Io {

@@ -1,6 +1,8 @@
 //! Command-line parsing and the short-lived user commands.
 
 pub mod crd;
+pub mod get;
+pub mod join;
 
 use clap::{Parser, Subcommand};
 
@@ -39,6 +41,13 @@ pub enum Command {
     Webhook(crate::webhook::WebhookOptions),
     /// Print Bulkhead's CustomResourceDefinitions as YAML, or write/check them in a directory.
     Crd(crd::CrdOptions),
+    /// Register a member cluster with the hub: RBAC and a service account in the member,
+    /// its kubeconfig Secret and MemberCluster on the hub.
+    Join(join::JoinOptions),
+    /// Remove a member from the hub (and, with --cleanup, what join created in it).
+    Unjoin(join::UnjoinOptions),
+    /// Show federation state, e.g. `bulkhead get clusters`.
+    Get(get::GetOptions),
 }
 
 /// Runs the parsed command.
@@ -49,6 +58,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Agent(options) => crate::agent::run(options).await?,
         Command::Webhook(options) => crate::webhook::run(options).await?,
         Command::Crd(options) => crd::run(&options)?,
+        Command::Join(options) => join::join(&options).await?,
+        Command::Unjoin(options) => join::unjoin(&options).await?,
+        Command::Get(options) => get::run(&options).await?,
     }
     Ok(())
 }

@@ -1,16 +1,35 @@
 //! The federation side: membership and health, fencing leases, policy matching,
 //! scheduling, propagation, status aggregation and failover. Placement is pure code in
 //! `placement/` (added with the placement issue).
+//!
+//! Membership (this module's part so far): [`members`] keeps one client per member in an
+//! `ArcSwap` snapshot, [`prober`] probes each member and writes its health, conditions and
+//! taints, [`disruption`] derives zone states and the frozen state, [`lease`] renews the
+//! fencing Lease in every member. Other hub controllers read [`HubState`].
 
 pub mod aggregate;
+pub mod capacity;
+pub mod disruption;
+pub mod health;
+pub mod lease;
+pub mod members;
+pub mod metrics;
+pub mod prober;
+pub mod taints;
+pub mod tasks;
+pub mod zones;
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use kube::Api;
+use arc_swap::ArcSwap;
+use kube::runtime::events::{Recorder, Reporter};
 
 use crate::Result;
-use crate::api::MemberCluster;
-use crate::process::{ClientOptions, Process, ServeOptions, observe_kind};
+use crate::process::{ClientOptions, Process, ServeOptions};
+
+pub use members::{MemberHandle, MemberSnapshot, Registry};
+pub use zones::HubHealth;
 
 /// The CRDs the hub needs on the hub API server.
 pub const HUB_CRDS: &[&str] = &[
@@ -28,18 +47,204 @@ pub struct HubOptions {
     pub client: ClientOptions,
     #[command(flatten)]
     pub serve: ServeOptions,
+    /// Time between renewals of the fencing Lease in each member, e.g. `2s` or `500ms`.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub lease_renew_interval: Duration,
+    /// `leaseDurationSeconds` of the fencing Lease: how long a member's agent waits after
+    /// the last renewal it saw before it fences itself.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub lease_duration: Duration,
+    /// The hub's identity, written as the Lease's holderIdentity and Event instance
+    /// (default: the host name).
+    #[arg(long, env = "BULKHEAD_HUB_IDENTITY")]
+    pub identity: Option<String>,
+    /// How often a healthy member's version and capacity are refreshed.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub capacity_interval: Duration,
+}
+
+/// Parses `2s`, `500ms`, `1m` or a plain number of seconds.
+pub fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
+    let text = text.trim();
+    let (number, unit) = match text.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => text.split_at(i),
+        None => (text, "s"),
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 2s, 500ms or 1m"))?;
+    let seconds = match unit {
+        "ms" => value / 1000.0,
+        "s" => value,
+        "m" => value * 60.0,
+        _ => return Err(format!("{text:?}: unknown unit {unit:?}; use ms, s or m")),
+    };
+    if !(seconds.is_finite() && seconds > 0.0) {
+        return Err(format!("{text:?} must be positive"));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+fn host_name() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_string())
+                .filter(|h| !h.is_empty())
+        })
+        .unwrap_or_else(|| "bulkhead-hub".to_string())
+}
+
+/// What the hub's membership controllers publish for the others (placement, failover).
+/// Every field is cheap to clone and read without locks.
+#[derive(Clone)]
+pub struct HubState {
+    /// The members and their clients.
+    pub registry: Registry,
+    /// Every member's current health verdict.
+    pub board: prober::HealthBoard,
+    /// Whether the hub is frozen (every zone in FullDisruption) and since when; failover
+    /// and eviction must do nothing while `frozen`, and count grace periods from
+    /// [`HubHealth::grace_start`].
+    pub hub_health: Arc<ArcSwap<HubHealth>>,
+}
+
+impl Default for HubState {
+    fn default() -> Self {
+        HubState {
+            registry: Registry::default(),
+            board: prober::HealthBoard::default(),
+            hub_health: Arc::new(ArcSwap::from_pointee(HubHealth::default())),
+        }
+    }
 }
 
 /// Runs the hub until SIGTERM.
 pub async fn run(options: HubOptions) -> Result<()> {
+    if options.lease_renew_interval >= options.lease_duration {
+        return Err(crate::Error::InvalidOption {
+            option: "--lease-renew-interval".into(),
+            reason: format!(
+                "{:?} must be shorter than --lease-duration {:?}, or members fence between renewals",
+                options.lease_renew_interval, options.lease_duration
+            ),
+        });
+    }
     let process = Process::start("hub", &options.client, &options.serve).await?;
     let wait = Duration::from_secs(options.serve.crd_wait_seconds);
     if process.wait_for_crds(HUB_CRDS, wait).await? {
+        let identity = options.identity.clone().unwrap_or_else(host_name);
+        tracing::info!(
+            %identity,
+            lease_renew_interval = ?options.lease_renew_interval,
+            lease_duration = ?options.lease_duration,
+            "hub ready"
+        );
         process.readiness.set_ready();
-        tracing::info!("hub ready");
-        let members: Api<MemberCluster> = Api::all(process.client.clone());
-        observe_kind(&process, members, "membercluster").await;
+        run_membership(&process, &options, identity, HubState::default()).await;
     }
     process.finish().await;
     Ok(())
+}
+
+/// Runs the registry, probers, zone controller and lease renewers until shutdown.
+pub async fn run_membership(
+    process: &Process,
+    options: &HubOptions,
+    identity: String,
+    state: HubState,
+) {
+    let hub = process.client.clone();
+    let shutdown = process.shutdown.clone();
+    let hub_metrics = metrics::HubMetrics::register(&process.metrics);
+    let recorder = Recorder::new(
+        hub.clone(),
+        Reporter {
+            controller: "bulkhead-hub".to_string(),
+            instance: Some(identity.clone()),
+        },
+    );
+
+    let registry_task = tokio::spawn(members::run(
+        hub.clone(),
+        state.registry.clone(),
+        shutdown.clone(),
+    ));
+
+    let prober_context = prober::ProberContext {
+        hub: hub.clone(),
+        registry: state.registry.clone(),
+        board: state.board.clone(),
+        metrics: hub_metrics.clone(),
+        recorder: recorder.clone(),
+        capacity_interval: options.capacity_interval,
+    };
+    let probers = tokio::spawn(tasks::per_member(
+        state.registry.clone(),
+        shutdown.clone(),
+        move |name, cancel| prober::probe_member(prober_context.clone(), name, cancel),
+    ));
+
+    let lease_settings = lease::LeaseSettings {
+        identity,
+        renew_interval: options.lease_renew_interval,
+        duration: options.lease_duration,
+    };
+    let lease_registry = state.registry.clone();
+    let lease_metrics = hub_metrics.clone();
+    let leases = tokio::spawn(tasks::per_member(
+        state.registry.clone(),
+        shutdown.clone(),
+        move |name, cancel| {
+            lease::renew_member(
+                lease_registry.clone(),
+                lease_settings.clone(),
+                lease_metrics.clone(),
+                name,
+                cancel,
+            )
+        },
+    ));
+
+    let zones_task = tokio::spawn(disruption::run(
+        disruption::DisruptionContext {
+            hub,
+            registry: state.registry.clone(),
+            board: state.board.clone(),
+            metrics: hub_metrics,
+            recorder,
+            hub_health: state.hub_health.clone(),
+        },
+        shutdown.clone(),
+    ));
+
+    shutdown.cancelled().await;
+    for task in [registry_task, probers, leases, zones_task] {
+        let abort = task.abort_handle();
+        if tokio::time::timeout(2 * tasks::SHUTDOWN_GRACE, task)
+            .await
+            .is_err()
+        {
+            abort.abort();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_in_the_units_people_type() {
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("2h").is_err());
+        assert!(parse_duration("soon").is_err());
+    }
 }

@@ -1,0 +1,714 @@
+//! Membership end to end: `bulkhead join` registers the lab's members, `bulkhead hub`
+//! probes them, taints and untaints them across a partition, judges zones, freezes when
+//! it is the one cut off, renews the fencing Lease only where it can, survives a
+//! credential rotation, and `bulkhead unjoin --cleanup` leaves nothing behind.
+//!
+//! Run with `cargo build -p bulkhead --bin bulkhead && cargo test -p bulkhead-e2e --test
+//! membership -- --test-threads=1`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use bulkhead::api::MemberCluster;
+use bulkhead::api::member_cluster::{TAINT_UNREACHABLE, ZoneState};
+use bulkhead_e2e::lab::Lab;
+use bulkhead_e2e::support::{self, Partition, TestNamespace};
+use bulkhead_e2e::{Check, wait_for};
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+const MEMBERS: [(&str, &str, &str); 3] = [
+    ("east", "zone-a", "region-1"),
+    ("west", "zone-b", "region-1"),
+    ("north", "zone-c", "region-2"),
+];
+const PROBE_INTERVAL: u64 = 1;
+const PROBE_TIMEOUT: u64 = 1;
+const FAILURE_THRESHOLD: u64 = 3;
+const SUCCESS_THRESHOLD: u64 = 2;
+
+fn bulkhead_binary() -> Result<PathBuf> {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let path = target.join("debug/bulkhead");
+    if !path.is_file() {
+        bail!(
+            "{} is missing; run `cargo build -p bulkhead` first",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+fn bulkhead(args: &[&str]) -> Result<Output> {
+    let output = Command::new(bulkhead_binary()?).args(args).output()?;
+    eprintln!(
+        "$ bulkhead {}\n{}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(output)
+}
+
+fn path(p: &Path) -> String {
+    p.display().to_string()
+}
+
+fn join(lab: &Lab, name: &str, kubeconfig: &Path, zone: &str, region: &str) -> Result<Output> {
+    bulkhead(&[
+        "join",
+        name,
+        "--kubeconfig",
+        &path(kubeconfig),
+        "--zone",
+        zone,
+        "--region",
+        region,
+        "--hub-kubeconfig",
+        &path(&lab.kubeconfig("hub")),
+        "--probe-interval-seconds",
+        &PROBE_INTERVAL.to_string(),
+        "--probe-timeout-seconds",
+        &PROBE_TIMEOUT.to_string(),
+        "--failure-threshold",
+        &FAILURE_THRESHOLD.to_string(),
+        "--success-threshold",
+        &SUCCESS_THRESHOLD.to_string(),
+    ])
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn metrics(port: u16) -> Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await?;
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await?;
+    Ok(raw)
+}
+
+/// True when `line` is one of the samples (not a HELP text that happens to contain it).
+fn metric_line(text: &str, line: &str) -> bool {
+    text.lines().any(|l| l.trim_end() == line)
+}
+
+/// The `bulkhead hub` process, killed when dropped.
+struct Hub {
+    child: Child,
+    port: u16,
+}
+
+impl Hub {
+    fn start(lab: &Lab) -> Result<Self> {
+        let port = free_port();
+        let child = Command::new(bulkhead_binary()?)
+            .args(["hub", "--kubeconfig"])
+            .arg(lab.kubeconfig("hub"))
+            .args([
+                "--probe-address",
+                &format!("127.0.0.1:{port}"),
+                "--identity",
+                "e2e-membership-hub",
+                "--lease-renew-interval",
+                "1s",
+                "--lease-duration",
+                "10s",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        Ok(Hub { child, port })
+    }
+
+    fn stop(mut self) -> Result<()> {
+        kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM)?;
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                assert!(status.success(), "hub exit: {status:?}");
+                eprintln!("hub stopped {:?} after SIGTERM", started.elapsed());
+                return Ok(());
+            }
+            if started.elapsed() > Duration::from_secs(10) {
+                bail!("the hub did not stop within 10 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Hub {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Unjoins the members when the test ends, even when it fails (through the inside
+/// kubeconfig, so a leftover partition cannot stop the clean-up).
+struct Members {
+    lab: Lab,
+    names: Vec<&'static str>,
+}
+
+impl Drop for Members {
+    fn drop(&mut self) {
+        for name in &self.names {
+            let _ = bulkhead(&[
+                "unjoin",
+                name,
+                "--cleanup",
+                "--kubeconfig",
+                &path(&self.lab.inside_kubeconfig(name)),
+                "--hub-kubeconfig",
+                &path(&self.lab.kubeconfig("hub")),
+            ]);
+        }
+    }
+}
+
+/// Every member cut off from the hub while alive.
+struct HubIsolation<'a>(&'a Lab);
+
+impl Drop for HubIsolation<'_> {
+    fn drop(&mut self) {
+        for (name, _, _) in MEMBERS {
+            let _ = self.0.heal(name);
+        }
+    }
+}
+
+fn ready(cluster: &MemberCluster) -> (String, String) {
+    cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+        .map(|c| (c.status.clone(), c.reason.clone()))
+        .unwrap_or_else(|| ("<none>".into(), "<none>".into()))
+}
+
+fn has_taint(cluster: &MemberCluster, key: &str) -> bool {
+    cluster.spec.taints.iter().any(|t| t.key == key)
+}
+
+async fn wait_ready(hub: &Client, name: &str, timeout: Duration) -> Result<Duration> {
+    let api = Api::<MemberCluster>::all(hub.clone());
+    let started = Instant::now();
+    wait_for(&format!("{name} Ready=True"), timeout, || {
+        let api = api.clone();
+        async move {
+            match api.get(name).await {
+                Ok(mc) if ready(&mc).0 == "True" && !has_taint(&mc, TAINT_UNREACHABLE) => {
+                    Check::Done(())
+                }
+                Ok(mc) => Check::Waiting(format!("{:?}, taints {:?}", ready(&mc), mc.spec.taints)),
+                Err(e) => Check::Waiting(e.to_string()),
+            }
+        }
+    })
+    .await?;
+    Ok(started.elapsed())
+}
+
+async fn renew_time(member: &Client) -> Option<String> {
+    let lease = Api::<Lease>::namespaced(member.clone(), "bulkhead-system")
+        .get("bulkhead-hub")
+        .await
+        .ok()?;
+    let spec = lease.spec?;
+    spec.renew_time.map(|t| t.0.to_string())
+}
+
+async fn nothing_on_the_hub(hub: &Client, name: &str) -> Result<()> {
+    let mc = Api::<MemberCluster>::all(hub.clone()).get_opt(name).await?;
+    assert!(mc.is_none(), "MemberCluster {name} must not exist");
+    let secret = Api::<Secret>::namespaced(hub.clone(), "bulkhead-system")
+        .get_opt(&format!("member-{name}"))
+        .await?;
+    assert!(secret.is_none(), "Secret member-{name} must not exist");
+    Ok(())
+}
+
+#[tokio::test]
+async fn join_refuses_what_it_cannot_use_and_creates_nothing_on_the_hub() -> Result<()> {
+    let lab = support::lab().await?;
+    let hub = lab.client("hub").await?;
+    let dir = std::env::temp_dir().join(format!("bulkhead-e2e-membership-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let admin: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(lab.kubeconfig("east"))?)?;
+
+    // A kubeconfig pointing nowhere: a clear error, nothing on the hub.
+    let mut nowhere = admin.clone();
+    nowhere["clusters"][0]["cluster"]["server"] = "https://127.0.0.1:1".into();
+    let nowhere_path = dir.join("nowhere.kubeconfig");
+    std::fs::write(&nowhere_path, serde_yaml::to_string(&nowhere)?)?;
+    let output = join(&lab, "e2e-nowhere", &nowhere_path, "zone-x", "region-x")?;
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("cannot reach member e2e-nowhere"),
+        "{stderr}"
+    );
+    nothing_on_the_hub(&hub, "e2e-nowhere").await?;
+
+    // Credentials that cannot do anything: refused before anything is written.
+    let mut bad_token = admin.clone();
+    let user = &mut bad_token["users"][0]["user"];
+    *user = serde_yaml::from_str("{token: not-a-valid-token}")?;
+    let bad_path = dir.join("bad-token.kubeconfig");
+    std::fs::write(&bad_path, serde_yaml::to_string(&bad_token)?)?;
+    let output = join(&lab, "e2e-badcreds", &bad_path, "zone-a", "region-1")?;
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("rejects the credentials")
+            || stderr.contains("cannot check the credentials"),
+        "{stderr}"
+    );
+    nothing_on_the_hub(&hub, "e2e-badcreds").await?;
+
+    // Valid credentials without the rights joining needs: refused, naming what is denied.
+    let namespace = TestNamespace::create(&lab, "membership", &["east"]).await?;
+    let east = lab.inside_client("east").await?;
+    let accounts = Api::<ServiceAccount>::namespaced(east.clone(), &namespace.name);
+    let account: ServiceAccount =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "limited"}}))?;
+    accounts.create(&PostParams::default(), &account).await?;
+    let token = accounts
+        .create_token_request("limited", &PostParams::default(), &TokenRequest::default())
+        .await?
+        .status
+        .and_then(|s| s.token)
+        .context("no token")?;
+    let mut limited = admin.clone();
+    limited["users"][0]["user"] = serde_yaml::from_str(&format!("{{token: {token}}}"))?;
+    let limited_path = dir.join("limited.kubeconfig");
+    std::fs::write(&limited_path, serde_yaml::to_string(&limited)?)?;
+    let output = join(&lab, "e2e-limited", &limited_path, "zone-a", "region-1")?;
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("may not do what joining needs") && stderr.contains("create namespaces"),
+        "{stderr}"
+    );
+    nothing_on_the_hub(&hub, "e2e-limited").await?;
+    drop(namespace);
+
+    // A partitioned member: refused, with a timeout rather than a hang.
+    {
+        let _partition = Partition::start(&lab, "north")?;
+        let started = Instant::now();
+        let output = join(
+            &lab,
+            "e2e-cut",
+            &lab.kubeconfig("north"),
+            "zone-c",
+            "region-2",
+        )?;
+        eprintln!(
+            "join of a partitioned member failed after {:?}",
+            started.elapsed()
+        );
+        assert!(!output.status.success());
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("cannot reach member e2e-cut"), "{stderr}");
+        nothing_on_the_hub(&hub, "e2e-cut").await?;
+    }
+
+    // A name taken by a different cluster (another kube-system uid).
+    let squatter: MemberCluster = serde_json::from_value(serde_json::json!({
+        "apiVersion": "federation.example.com/v1alpha1",
+        "kind": "MemberCluster",
+        "metadata": {"name": "e2e-taken", "labels": {"federation.example.com/cluster-id": "someone-else"}},
+        "spec": {"secretRef": {"namespace": "bulkhead-system", "name": "member-e2e-taken"}, "zone": "zone-z"}
+    }))?;
+    let members = Api::<MemberCluster>::all(hub.clone());
+    members.create(&PostParams::default(), &squatter).await?;
+    let output = join(
+        &lab,
+        "e2e-taken",
+        &lab.kubeconfig("east"),
+        "zone-a",
+        "region-1",
+    );
+    let _ = members.delete("e2e-taken", &DeleteParams::default()).await;
+    let output = output?;
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("taken on the hub by a different cluster"),
+        "{stderr}"
+    );
+    assert!(
+        Api::<Secret>::namespaced(hub.clone(), "bulkhead-system")
+            .get_opt("member-e2e-taken")
+            .await
+            .unwrap_or(None)
+            .is_none()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+#[tokio::test]
+async fn members_join_are_probed_tainted_zoned_leased_and_unjoin_cleanly() -> Result<()> {
+    let lab = support::lab().await?;
+    let hub = lab.client("hub").await?;
+    let members_api = Api::<MemberCluster>::all(hub.clone());
+    let _members = Members {
+        lab: lab.clone(),
+        names: MEMBERS.iter().map(|(n, _, _)| *n).collect(),
+    };
+
+    for (name, zone, region) in MEMBERS {
+        let output = join(&lab, name, &lab.kubeconfig(name), zone, region)?;
+        assert!(output.status.success(), "join {name}");
+        let secret = Api::<Secret>::namespaced(hub.clone(), "bulkhead-system")
+            .get(&format!("member-{name}"))
+            .await?;
+        let text = String::from_utf8(secret.data.unwrap()["kubeconfig"].0.clone())?;
+        assert!(text.contains("token:"), "the hub's kubeconfig uses a token");
+        assert!(
+            !text.contains("client-key-data"),
+            "the admin credentials never reach the hub"
+        );
+    }
+    // Joining again is an idempotent update.
+    let (name, zone, region) = MEMBERS[1];
+    assert!(
+        join(&lab, name, &lab.kubeconfig(name), zone, region)?
+            .status
+            .success()
+    );
+
+    let hub_process = Hub::start(&lab)?;
+    let port = hub_process.port;
+    for (name, _, _) in MEMBERS {
+        let took = wait_ready(&hub, name, Duration::from_secs(60)).await?;
+        eprintln!("{name} Ready after {took:?}");
+    }
+    let table = bulkhead(&[
+        "get",
+        "clusters",
+        "--kubeconfig",
+        &path(&lab.kubeconfig("hub")),
+    ])?;
+    let table = String::from_utf8_lossy(&table.stdout).to_string();
+    assert!(table.starts_with("NAME"), "{table}");
+    for (name, zone, _) in MEMBERS {
+        let row = table
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .with_context(|| format!("no row for {name} in\n{table}"))?;
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(&cells[1..5], [zone, "True", "Healthy", "v1.36.3"], "{row}");
+    }
+
+    // Status is written on change, not per probe: a steady member costs at most one
+    // lastProbeTime refresh (every 30 s) in a 5 s window of five probes.
+    let writes = |text: &str, cluster: &str| -> u64 {
+        let prefix = format!("bulkhead_member_status_writes_total{{cluster=\"{cluster}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let before = metrics(port).await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let after = metrics(port).await?;
+    for (name, _, _) in MEMBERS {
+        let (b, a) = (writes(&before, name), writes(&after, name));
+        eprintln!("{name}: {} status writes in 5 s of steady probing", a - b);
+        assert!(
+            a - b <= 1,
+            "{name}: {b} -> {a} status writes while nothing changed"
+        );
+    }
+
+    // The lease advances in every member.
+    let mut inside = vec![];
+    for (name, _, _) in MEMBERS {
+        inside.push((name, lab.inside_client(name).await?));
+    }
+    let before: Vec<Option<String>> = futures_join(&inside).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after: Vec<Option<String>> = futures_join(&inside).await;
+    for (i, (name, _)) in inside.iter().enumerate() {
+        assert!(after[i].is_some(), "{name} has the lease");
+        assert_ne!(before[i], after[i], "{name}: renewTime advances");
+    }
+
+    // Partition east: Unreachable with the taint within interval x threshold + timeout.
+    let budget = Duration::from_secs(PROBE_INTERVAL * FAILURE_THRESHOLD + PROBE_TIMEOUT);
+    let partition = Partition::start(&lab, "east")?;
+    let cut = Instant::now();
+    wait_for(
+        "east Unreachable and tainted",
+        Duration::from_secs(60),
+        || {
+            let api = members_api.clone();
+            async move {
+                match api.get("east").await {
+                    Ok(mc)
+                        if ready(&mc) == ("False".into(), "Unreachable".into())
+                            && has_taint(&mc, TAINT_UNREACHABLE) =>
+                    {
+                        Check::Done(())
+                    }
+                    Ok(mc) => Check::Waiting(format!("{:?}", ready(&mc))),
+                    Err(e) => Check::Waiting(e.to_string()),
+                }
+            }
+        },
+    )
+    .await?;
+    let detected = cut.elapsed();
+    eprintln!(
+        "MEASURED: partition -> east Unreachable + tainted in {detected:?} (interval x failureThreshold + timeout = {budget:?}, plus up to one interval of phase and the 250 ms poll)"
+    );
+    let east = members_api.get("east").await?;
+    let taint = east
+        .spec
+        .taints
+        .iter()
+        .find(|t| t.key == TAINT_UNREACHABLE)
+        .unwrap();
+    assert_eq!(taint.effect, "NoExecute");
+    assert!(taint.time_added.is_some());
+    wait_for("zone-a FullDisruption", Duration::from_secs(20), || {
+        let api = members_api.clone();
+        async move {
+            match api.get("east").await {
+                Ok(mc)
+                    if mc.status.as_ref().and_then(|s| s.zone_state)
+                        == Some(ZoneState::FullDisruption) =>
+                {
+                    Check::Done(())
+                }
+                Ok(mc) => Check::Waiting(format!("{:?}", mc.status.and_then(|s| s.zone_state))),
+                Err(e) => Check::Waiting(e.to_string()),
+            }
+        }
+    })
+    .await?;
+    for other in ["west", "north"] {
+        let mc = members_api.get(other).await?;
+        assert_eq!(ready(&mc).0, "True", "{other} is unaffected");
+        assert!(!has_taint(&mc, TAINT_UNREACHABLE));
+        assert_eq!(mc.status.unwrap().zone_state, Some(ZoneState::Normal));
+    }
+    // The lease stands still in east (seen from inside the zone) and moves in west.
+    let east_inside = lab.inside_client("east").await?;
+    let west_inside = lab.inside_client("west").await?;
+    let east_before = renew_time(&east_inside).await;
+    let west_before = renew_time(&west_inside).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        east_before,
+        renew_time(&east_inside).await,
+        "no renewal through a partition"
+    );
+    assert_ne!(
+        west_before,
+        renew_time(&west_inside).await,
+        "west keeps being renewed"
+    );
+    let text = metrics(port).await?;
+    assert!(
+        metric_line(&text, "bulkhead_zone_state{zone=\"zone-a\"} 2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("bulkhead_lease_renewal_failures_total{cluster=\"east\"}"),
+        "{text}"
+    );
+
+    // Heal: Ready after successThreshold probes, taint removed.
+    partition.heal()?;
+    let healed = wait_ready(&hub, "east", Duration::from_secs(60)).await?;
+    eprintln!(
+        "MEASURED: heal -> east Ready and untainted in {healed:?} (successThreshold {SUCCESS_THRESHOLD} x interval {PROBE_INTERVAL}s)"
+    );
+
+    // Isolate the hub: every zone in FullDisruption, the hub freezes; heal: it thaws.
+    {
+        let text = metrics(port).await?;
+        assert!(metric_line(&text, "bulkhead_hub_frozen 0"), "{text}");
+        let _isolation = HubIsolation(&lab);
+        lab.isolate_hub()?;
+        let cut = Instant::now();
+        wait_for("the hub frozen", Duration::from_secs(60), || async move {
+            match metrics(port).await {
+                Ok(text) if metric_line(&text, "bulkhead_hub_frozen 1") => Check::Done(()),
+                Ok(text) => Check::Waiting(
+                    text.lines()
+                        .filter(|l| {
+                            l.starts_with("bulkhead_hub_frozen")
+                                || l.starts_with("bulkhead_zone_state")
+                        })
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                ),
+                Err(e) => Check::Waiting(e.to_string()),
+            }
+        })
+        .await?;
+        eprintln!("MEASURED: isolate-hub -> frozen in {:?}", cut.elapsed());
+    }
+    wait_for("the hub thawed", Duration::from_secs(60), || async move {
+        match metrics(port).await {
+            Ok(text) if metric_line(&text, "bulkhead_hub_frozen 0") => Check::Done(()),
+            Ok(_) => Check::Waiting("still frozen".into()),
+            Err(e) => Check::Waiting(e.to_string()),
+        }
+    })
+    .await?;
+    for (name, _, _) in MEMBERS {
+        wait_ready(&hub, name, Duration::from_secs(60)).await?;
+    }
+
+    // Credentials: a Secret with a token the member rejects -> CredentialsInvalid,
+    // without a restart; re-joining rotates the token -> Ready again.
+    let secrets = Api::<Secret>::namespaced(hub.clone(), "bulkhead-system");
+    let secret = secrets.get("member-west").await?;
+    let text = String::from_utf8(secret.data.unwrap()["kubeconfig"].0.clone())?;
+    let mut kubeconfig: serde_yaml::Value = serde_yaml::from_str(&text)?;
+    kubeconfig["users"][0]["user"]["token"] = "rotated-away".into();
+    let broken = serde_yaml::to_string(&kubeconfig)?;
+    secrets
+        .patch(
+            "member-west",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"stringData": {"kubeconfig": broken}})),
+        )
+        .await?;
+    wait_for("west CredentialsInvalid", Duration::from_secs(60), || {
+        let api = members_api.clone();
+        async move {
+            match api.get("west").await {
+                Ok(mc) if ready(&mc) == ("False".into(), "CredentialsInvalid".into()) => {
+                    Check::Done(())
+                }
+                Ok(mc) => Check::Waiting(format!("{:?}", ready(&mc))),
+                Err(e) => Check::Waiting(e.to_string()),
+            }
+        }
+    })
+    .await?;
+    for other in ["east", "north"] {
+        assert_eq!(
+            ready(&members_api.get(other).await?).0,
+            "True",
+            "{other} unaffected"
+        );
+    }
+    let (name, zone, region) = MEMBERS[1];
+    assert!(
+        join(&lab, name, &lab.kubeconfig(name), zone, region)?
+            .status
+            .success()
+    );
+    let took = wait_ready(&hub, "west", Duration::from_secs(60)).await?;
+    eprintln!("MEASURED: re-join with a fresh token -> west Ready in {took:?}");
+
+    // A missing Secret: CredentialsInvalid at once, the others unaffected; re-join fixes it.
+    secrets
+        .delete("member-north", &DeleteParams::default())
+        .await?;
+    wait_for(
+        "north CredentialsInvalid (Secret missing)",
+        Duration::from_secs(30),
+        || {
+            let api = members_api.clone();
+            async move {
+                match api.get("north").await {
+                    Ok(mc) if ready(&mc) == ("False".into(), "CredentialsInvalid".into()) => {
+                        Check::Done(())
+                    }
+                    Ok(mc) => Check::Waiting(format!("{:?}", ready(&mc))),
+                    Err(e) => Check::Waiting(e.to_string()),
+                }
+            }
+        },
+    )
+    .await?;
+    for other in ["east", "west"] {
+        assert_eq!(
+            ready(&members_api.get(other).await?).0,
+            "True",
+            "{other} unaffected"
+        );
+    }
+    let (name, zone, region) = MEMBERS[2];
+    assert!(
+        join(&lab, name, &lab.kubeconfig(name), zone, region)?
+            .status
+            .success()
+    );
+    wait_ready(&hub, "north", Duration::from_secs(60)).await?;
+
+    hub_process.stop()?;
+
+    // Unjoin with clean-up leaves no Bulkhead objects in the members.
+    for (name, _, _) in MEMBERS {
+        let output = bulkhead(&[
+            "unjoin",
+            name,
+            "--cleanup",
+            "--kubeconfig",
+            &path(&lab.kubeconfig(name)),
+            "--hub-kubeconfig",
+            &path(&lab.kubeconfig("hub")),
+        ])?;
+        assert!(output.status.success(), "unjoin {name}");
+        nothing_on_the_hub(&hub, name).await?;
+        let member = lab.inside_client(name).await?;
+        assert!(
+            Api::<Namespace>::all(member.clone())
+                .get_opt("bulkhead-system")
+                .await?
+                .is_none()
+        );
+        assert!(
+            Api::<ClusterRole>::all(member.clone())
+                .get_opt("bulkhead-hub")
+                .await?
+                .is_none()
+        );
+        assert!(
+            Api::<ClusterRoleBinding>::all(member.clone())
+                .get_opt("bulkhead-hub")
+                .await?
+                .is_none()
+        );
+    }
+    Ok(())
+}
+
+async fn futures_join(clients: &[(&str, Client)]) -> Vec<Option<String>> {
+    let mut out = vec![];
+    for (_, client) in clients {
+        out.push(renew_time(client).await);
+    }
+    out
+}

@@ -1,0 +1,909 @@
+//! `bulkhead join` and `bulkhead unjoin`: register a member cluster with the hub and
+//! remove it again.
+//!
+//! `join` checks everything before it writes anything on the hub: the member answers,
+//! the credentials may do what joining needs, and the name is not taken by another
+//! cluster (kube-system namespace UIDs). It then installs what the hub needs in the member
+//! (namespace, service account, least-privilege RBAC, CRDs), mints a token for that
+//! service account, proves the token works, and only then stores the Secret and the
+//! MemberCluster on the hub. The hub never receives the admin credentials the user passed.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use base64::Engine;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+};
+use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::wait::{await_condition, conditions};
+use kube::{Api, Client, Config, CustomResourceExt, ResourceExt};
+use serde::Serialize;
+
+use crate::api::member_cluster::{MemberClusterSpec, ProbeSpec, SecretReference};
+use crate::api::{LABEL_MANAGED_BY, MemberCluster, MyDatabase, SYSTEM_NAMESPACE};
+use crate::hub::members::{KUBECONFIG_KEY, client_from_kubeconfig};
+use crate::process::{ClientOptions, connect};
+
+/// Label on a MemberCluster naming the UID of the member's kube-system namespace, which
+/// tells a re-join of the same cluster from a different cluster reusing the name.
+pub const LABEL_CLUSTER_ID: &str = "federation.example.com/cluster-id";
+/// Name of the service account, ClusterRole, ClusterRoleBinding, Role and RoleBinding
+/// `join` creates in the member.
+pub const HUB_ACCOUNT: &str = "bulkhead-hub";
+/// Field manager of everything `join` applies.
+pub const JOIN_FIELD_MANAGER: &str = "bulkhead-join";
+/// Default lifetime asked for the hub's token: one year. Re-join to rotate it.
+pub const DEFAULT_TOKEN_SECONDS: i64 = 365 * 24 * 3600;
+
+/// `bulkhead join` options.
+#[derive(clap::Args, Debug)]
+pub struct JoinOptions {
+    /// Name of the member on the hub (a DNS label, e.g. `east`).
+    pub name: String,
+    /// Kubeconfig with admin credentials for the member. Its server address and CA are
+    /// what the hub will use, so pass the address the hub can reach.
+    #[arg(long)]
+    pub kubeconfig: PathBuf,
+    /// Context in the member kubeconfig (default: its current context).
+    #[arg(long)]
+    pub context: Option<String>,
+    /// The member's zone (failure domain), e.g. `zone-a`.
+    #[arg(long)]
+    pub zone: String,
+    /// The member's region.
+    #[arg(long)]
+    pub region: Option<String>,
+    /// Kubeconfig of the hub API server (default: $KUBECONFIG, ~/.kube/config).
+    #[arg(long)]
+    pub hub_kubeconfig: Option<PathBuf>,
+    /// Context in the hub kubeconfig.
+    #[arg(long)]
+    pub hub_context: Option<String>,
+    /// spec.probe.intervalSeconds of the MemberCluster.
+    #[arg(long, default_value_t = 5)]
+    pub probe_interval_seconds: i32,
+    /// spec.probe.timeoutSeconds.
+    #[arg(long, default_value_t = 3)]
+    pub probe_timeout_seconds: i32,
+    /// spec.probe.failureThreshold.
+    #[arg(long, default_value_t = 3)]
+    pub failure_threshold: i32,
+    /// spec.probe.successThreshold.
+    #[arg(long, default_value_t = 2)]
+    pub success_threshold: i32,
+    /// Lifetime asked for the hub's service-account token (the member may grant less).
+    #[arg(long, default_value_t = DEFAULT_TOKEN_SECONDS)]
+    pub token_expiration_seconds: i64,
+}
+
+/// `bulkhead unjoin` options.
+#[derive(clap::Args, Debug)]
+pub struct UnjoinOptions {
+    /// Name of the member on the hub.
+    pub name: String,
+    /// Also remove what `join` created in the member (RBAC, service account, the
+    /// `bulkhead-system` namespace with the fencing Lease). CRDs stay: deleting them would
+    /// delete every MyDatabase in the member.
+    #[arg(long, requires = "kubeconfig")]
+    pub cleanup: bool,
+    /// Admin kubeconfig of the member (needed with --cleanup).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Context in the member kubeconfig.
+    #[arg(long)]
+    pub context: Option<String>,
+    /// Kubeconfig of the hub API server.
+    #[arg(long)]
+    pub hub_kubeconfig: Option<PathBuf>,
+    /// Context in the hub kubeconfig.
+    #[arg(long)]
+    pub hub_context: Option<String>,
+}
+
+/// How to reach the member: what goes into the hub's kubeconfig besides the token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberEndpoint {
+    pub server: String,
+    /// Base64 of the PEM CA bundle, as kubeconfigs carry it.
+    pub certificate_authority_data: Option<String>,
+    pub tls_server_name: Option<String>,
+    pub insecure_skip_tls_verify: bool,
+}
+
+#[derive(Serialize)]
+struct KubeconfigFile<'a> {
+    #[serde(rename = "apiVersion")]
+    api_version: &'a str,
+    kind: &'a str,
+    clusters: Vec<serde_json::Value>,
+    users: Vec<serde_json::Value>,
+    contexts: Vec<serde_json::Value>,
+    #[serde(rename = "current-context")]
+    current_context: &'a str,
+}
+
+/// The kubeconfig the hub stores for a member: the member's server and CA, and the hub
+/// service account's token as the only credential.
+pub fn service_account_kubeconfig(member: &str, endpoint: &MemberEndpoint, token: &str) -> String {
+    let mut cluster = serde_json::json!({"server": endpoint.server});
+    if let Some(ca) = &endpoint.certificate_authority_data {
+        cluster["certificate-authority-data"] = ca.clone().into();
+    }
+    if let Some(name) = &endpoint.tls_server_name {
+        cluster["tls-server-name"] = name.clone().into();
+    }
+    if endpoint.insecure_skip_tls_verify {
+        cluster["insecure-skip-tls-verify"] = true.into();
+    }
+    let user = format!("{HUB_ACCOUNT}@{member}");
+    let file = KubeconfigFile {
+        api_version: "v1",
+        kind: "Config",
+        clusters: vec![serde_json::json!({"name": member, "cluster": cluster})],
+        users: vec![serde_json::json!({"name": user, "user": {"token": token}})],
+        contexts: vec![serde_json::json!({
+            "name": member,
+            "context": {"cluster": member, "user": user, "namespace": SYSTEM_NAMESPACE}
+        })],
+        current_context: member,
+    };
+    serde_yaml::to_string(&file).expect("a kubeconfig always serializes")
+}
+
+/// The endpoint of the chosen context in a kubeconfig file.
+fn member_endpoint(path: &Path, context: Option<&str>) -> Result<MemberEndpoint> {
+    let kubeconfig = Kubeconfig::read_from(path)
+        .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+    let context_name = context
+        .map(str::to_string)
+        .or_else(|| kubeconfig.current_context.clone())
+        .with_context(|| format!("{} has no current context; pass --context", path.display()))?;
+    let cluster_name = kubeconfig
+        .contexts
+        .iter()
+        .find(|c| c.name == context_name)
+        .and_then(|c| c.context.as_ref())
+        .map(|c| c.cluster.clone())
+        .with_context(|| format!("{} has no context {context_name:?}", path.display()))?;
+    let cluster = kubeconfig
+        .clusters
+        .iter()
+        .find(|c| c.name == cluster_name)
+        .and_then(|c| c.cluster.clone())
+        .with_context(|| format!("{} has no cluster {cluster_name:?}", path.display()))?;
+    let server = cluster
+        .server
+        .clone()
+        .with_context(|| format!("cluster {cluster_name:?} has no server"))?;
+    let certificate_authority_data = match (
+        &cluster.certificate_authority_data,
+        &cluster.certificate_authority,
+    ) {
+        (Some(data), _) => Some(data.clone()),
+        (None, Some(file)) => {
+            let file = path.parent().unwrap_or(Path::new(".")).join(file);
+            let pem = std::fs::read(&file)
+                .with_context(|| format!("reading certificate authority {}", file.display()))?;
+            Some(base64::engine::general_purpose::STANDARD.encode(pem))
+        }
+        (None, None) => None,
+    };
+    Ok(MemberEndpoint {
+        server,
+        certificate_authority_data,
+        tls_server_name: cluster.tls_server_name.clone(),
+        insecure_skip_tls_verify: cluster.insecure_skip_tls_verify.unwrap_or(false),
+    })
+}
+
+async fn member_client(path: &Path, context: Option<&str>) -> Result<Client> {
+    let kubeconfig = Kubeconfig::read_from(path)
+        .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+    let options = KubeConfigOptions {
+        context: context.map(str::to_string),
+        ..Default::default()
+    };
+    let mut config = Config::from_custom_kubeconfig(kubeconfig, &options)
+        .await
+        .with_context(|| format!("loading kubeconfig {}", path.display()))?;
+    config.connect_timeout = Some(Duration::from_secs(5));
+    config.read_timeout = Some(Duration::from_secs(20));
+    Ok(Client::try_from(config)?)
+}
+
+async fn hub_client(path: &Option<PathBuf>, context: &Option<String>) -> Result<Client> {
+    let options = ClientOptions {
+        kubeconfig: path.clone(),
+        context: context.clone(),
+    };
+    let client = connect(&options).await.context("connecting to the hub")?;
+    tokio::time::timeout(Duration::from_secs(10), client.apiserver_version())
+        .await
+        .map_err(|_| anyhow::anyhow!("the hub API server did not answer within 10 s"))?
+        .context("the hub API server does not answer")?;
+    Ok(client)
+}
+
+/// UID of the member's kube-system namespace: the cluster's identity.
+async fn cluster_id(client: &Client) -> Result<String> {
+    let namespace = Api::<Namespace>::all(client.clone())
+        .get("kube-system")
+        .await
+        .context("reading namespace kube-system")?;
+    namespace
+        .metadata
+        .uid
+        .context("namespace kube-system has no uid")
+}
+
+/// What the credentials must be allowed to do for `join` to succeed.
+fn join_permissions() -> Vec<ResourceAttributes> {
+    let attr = |verb: &str, group: &str, resource: &str, sub: Option<&str>, ns: Option<&str>| {
+        ResourceAttributes {
+            verb: Some(verb.into()),
+            group: Some(group.into()),
+            resource: Some(resource.into()),
+            subresource: sub.map(Into::into),
+            namespace: ns.map(Into::into),
+            ..Default::default()
+        }
+    };
+    let ns = Some(SYSTEM_NAMESPACE);
+    vec![
+        attr("get", "", "namespaces", None, None),
+        attr("create", "", "namespaces", None, None),
+        attr("create", "", "serviceaccounts", None, ns),
+        attr("patch", "", "serviceaccounts", None, ns),
+        attr("create", "", "serviceaccounts", Some("token"), ns),
+        attr(
+            "create",
+            "rbac.authorization.k8s.io",
+            "clusterroles",
+            None,
+            None,
+        ),
+        attr(
+            "patch",
+            "rbac.authorization.k8s.io",
+            "clusterroles",
+            None,
+            None,
+        ),
+        attr(
+            "create",
+            "rbac.authorization.k8s.io",
+            "clusterrolebindings",
+            None,
+            None,
+        ),
+        attr(
+            "patch",
+            "rbac.authorization.k8s.io",
+            "clusterrolebindings",
+            None,
+            None,
+        ),
+        attr("create", "rbac.authorization.k8s.io", "roles", None, ns),
+        attr(
+            "create",
+            "rbac.authorization.k8s.io",
+            "rolebindings",
+            None,
+            ns,
+        ),
+        attr(
+            "create",
+            "apiextensions.k8s.io",
+            "customresourcedefinitions",
+            None,
+            None,
+        ),
+        attr(
+            "patch",
+            "apiextensions.k8s.io",
+            "customresourcedefinitions",
+            None,
+            None,
+        ),
+    ]
+}
+
+/// The attributes that are denied, or an error when access reviews cannot be made.
+async fn denied(client: &Client, wanted: Vec<ResourceAttributes>) -> Result<Vec<String>> {
+    let api = Api::<SelfSubjectAccessReview>::all(client.clone());
+    let mut denied = vec![];
+    for attributes in wanted {
+        let what = format!(
+            "{} {}{}{}{}",
+            attributes.verb.as_deref().unwrap_or_default(),
+            attributes.resource.as_deref().unwrap_or_default(),
+            attributes
+                .subresource
+                .as_deref()
+                .map(|s| format!("/{s}"))
+                .unwrap_or_default(),
+            attributes
+                .group
+                .as_deref()
+                .filter(|g| !g.is_empty())
+                .map(|g| format!(".{g}"))
+                .unwrap_or_default(),
+            attributes
+                .namespace
+                .as_deref()
+                .map(|n| format!(" in {n}"))
+                .unwrap_or_default(),
+        );
+        let review = SelfSubjectAccessReview {
+            spec: SelfSubjectAccessReviewSpec {
+                resource_attributes: Some(attributes),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let answer = api
+            .create(&PostParams::default(), &review)
+            .await
+            .context("creating a SelfSubjectAccessReview (are the credentials valid?)")?;
+        if !answer.status.is_some_and(|s| s.allowed) {
+            denied.push(what);
+        }
+    }
+    Ok(denied)
+}
+
+fn managed_labels() -> BTreeMap<String, String> {
+    BTreeMap::from([(LABEL_MANAGED_BY.to_string(), "bulkhead".to_string())])
+}
+
+fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_string()),
+        namespace: namespace.map(str::to_string),
+        labels: Some(managed_labels()),
+        ..Default::default()
+    }
+}
+
+fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
+    let strings = |items: &[&str]| items.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    PolicyRule {
+        api_groups: Some(strings(groups)),
+        resources: Some(strings(resources)),
+        verbs: strings(verbs),
+        ..Default::default()
+    }
+}
+
+/// The cluster-wide permissions of the hub's service account in a member: what
+/// propagation, status aggregation and capacity need, nothing more.
+pub fn hub_cluster_role() -> ClusterRole {
+    const WRITE: &[&str] = &[
+        "get", "list", "watch", "create", "update", "patch", "delete",
+    ];
+    ClusterRole {
+        metadata: meta(HUB_ACCOUNT, None),
+        rules: Some(vec![
+            rule(&[""], &["namespaces"], &["get", "list", "create"]),
+            rule(&["apps"], &["deployments", "statefulsets"], WRITE),
+            rule(&[""], &["configmaps", "secrets", "services"], WRITE),
+            rule(&["example.com"], &["mydatabases"], WRITE),
+            rule(&[""], &["nodes", "pods"], &["get", "list", "watch"]),
+        ]),
+        ..Default::default()
+    }
+}
+
+/// The hub's permissions inside `bulkhead-system`: renewing the fencing Lease.
+pub fn hub_lease_role() -> Role {
+    Role {
+        metadata: meta(HUB_ACCOUNT, Some(SYSTEM_NAMESPACE)),
+        rules: Some(vec![rule(
+            &["coordination.k8s.io"],
+            &["leases"],
+            &["get", "create", "update", "patch"],
+        )]),
+    }
+}
+
+fn hub_subject() -> Subject {
+    Subject {
+        kind: "ServiceAccount".into(),
+        name: HUB_ACCOUNT.into(),
+        namespace: Some(SYSTEM_NAMESPACE.into()),
+        ..Default::default()
+    }
+}
+
+async fn apply<K>(api: &Api<K>, name: &str, object: &K) -> Result<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + Serialize + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    api.patch(
+        name,
+        &PatchParams::apply(JOIN_FIELD_MANAGER).force(),
+        &Patch::Apply(object),
+    )
+    .await
+    .with_context(|| format!("applying {} {name}", K::kind(&Default::default())))
+    .map(|_| ())
+}
+
+/// Installs the namespace, service account, RBAC and CRDs in the member.
+async fn install_in_member(member: &Client) -> Result<()> {
+    apply(
+        &Api::<Namespace>::all(member.clone()),
+        SYSTEM_NAMESPACE,
+        &Namespace {
+            metadata: meta(SYSTEM_NAMESPACE, None),
+            ..Default::default()
+        },
+    )
+    .await?;
+    apply(
+        &Api::<ServiceAccount>::namespaced(member.clone(), SYSTEM_NAMESPACE),
+        HUB_ACCOUNT,
+        &ServiceAccount {
+            metadata: meta(HUB_ACCOUNT, Some(SYSTEM_NAMESPACE)),
+            ..Default::default()
+        },
+    )
+    .await?;
+    apply(
+        &Api::<ClusterRole>::all(member.clone()),
+        HUB_ACCOUNT,
+        &hub_cluster_role(),
+    )
+    .await?;
+    apply(
+        &Api::<ClusterRoleBinding>::all(member.clone()),
+        HUB_ACCOUNT,
+        &ClusterRoleBinding {
+            metadata: meta(HUB_ACCOUNT, None),
+            role_ref: RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                kind: "ClusterRole".into(),
+                name: HUB_ACCOUNT.into(),
+            },
+            subjects: Some(vec![hub_subject()]),
+        },
+    )
+    .await?;
+    apply(
+        &Api::<Role>::namespaced(member.clone(), SYSTEM_NAMESPACE),
+        HUB_ACCOUNT,
+        &hub_lease_role(),
+    )
+    .await?;
+    apply(
+        &Api::<RoleBinding>::namespaced(member.clone(), SYSTEM_NAMESPACE),
+        HUB_ACCOUNT,
+        &RoleBinding {
+            metadata: meta(HUB_ACCOUNT, Some(SYSTEM_NAMESPACE)),
+            role_ref: RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                kind: "Role".into(),
+                name: HUB_ACCOUNT.into(),
+            },
+            subjects: Some(vec![hub_subject()]),
+        },
+    )
+    .await?;
+    let crds = Api::<CustomResourceDefinition>::all(member.clone());
+    let crd = MyDatabase::crd();
+    let crd_name = crd.name_any();
+    apply(&crds, &crd_name, &crd).await?;
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        await_condition(crds, &crd_name, conditions::is_crd_established()),
+    )
+    .await
+    .with_context(|| format!("CRD {crd_name} not Established in the member after 30 s"))??;
+    Ok(())
+}
+
+/// Mints a token for the hub's service account; returns it and its expiry.
+async fn mint_token(member: &Client, seconds: i64) -> Result<(String, String)> {
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(seconds),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let answer = Api::<ServiceAccount>::namespaced(member.clone(), SYSTEM_NAMESPACE)
+        .create_token_request(HUB_ACCOUNT, &PostParams::default(), &request)
+        .await
+        .context("requesting a token for service account bulkhead-system/bulkhead-hub")?;
+    let status = answer
+        .status
+        .context("the TokenRequest came back without a token")?;
+    let token = status
+        .token
+        .filter(|t| !t.is_empty())
+        .context("the TokenRequest came back without a token")?;
+    let expires = status
+        .expiration_timestamp
+        .map(|t| t.0.to_string())
+        .unwrap_or_else(|| "at an unknown time".into());
+    Ok((token, expires))
+}
+
+/// Proves the stored kubeconfig works: TLS with the CA, the token, and the Lease rights.
+async fn verify_hub_kubeconfig(text: &str) -> Result<()> {
+    let (client, server) = client_from_kubeconfig(text)
+        .await
+        .map_err(anyhow::Error::msg)
+        .context("the generated kubeconfig is not usable")?;
+    let lease = ResourceAttributes {
+        verb: Some("patch".into()),
+        group: Some("coordination.k8s.io".into()),
+        resource: Some("leases".into()),
+        namespace: Some(SYSTEM_NAMESPACE.into()),
+        name: Some("bulkhead-hub".into()),
+        ..Default::default()
+    };
+    let deployments = ResourceAttributes {
+        verb: Some("create".into()),
+        group: Some("apps".into()),
+        resource: Some("deployments".into()),
+        namespace: Some("default".into()),
+        ..Default::default()
+    };
+    let refused = denied(&client, vec![lease, deployments])
+        .await
+        .with_context(|| format!("the hub's token does not work against {server}"))?;
+    if !refused.is_empty() {
+        bail!(
+            "the hub's service account cannot {} in the member; RBAC was not applied as expected",
+            refused.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// Runs `bulkhead join`.
+pub async fn join(options: &JoinOptions) -> Result<()> {
+    let name = &options.name;
+    let endpoint = member_endpoint(&options.kubeconfig, options.context.as_deref())?;
+    let member = member_client(&options.kubeconfig, options.context.as_deref()).await?;
+
+    let version = tokio::time::timeout(Duration::from_secs(15), member.apiserver_version())
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "cannot reach member {name} at {}: no answer within 15 s; nothing was changed",
+                endpoint.server
+            )
+        })?
+        .map_err(|error| match error {
+            kube::Error::Api(status) if status.code == 401 || status.code == 403 => anyhow::anyhow!(
+                "member {name} at {} rejects the credentials in {} ({} {}); nothing was changed",
+                endpoint.server,
+                options.kubeconfig.display(),
+                status.code,
+                status.message
+            ),
+            error => anyhow::Error::new(error).context(format!(
+                "cannot reach member {name} at {}; nothing was changed",
+                endpoint.server
+            )),
+        })?;
+    let refused = denied(&member, join_permissions()).await.with_context(|| {
+        format!("cannot check the credentials for member {name}; nothing was changed")
+    })?;
+    if !refused.is_empty() {
+        bail!(
+            "the credentials in {} may not do what joining needs ({}); nothing was changed",
+            options.kubeconfig.display(),
+            refused.join(", ")
+        );
+    }
+    let id = cluster_id(&member).await?;
+
+    let hub = hub_client(&options.hub_kubeconfig, &options.hub_context).await?;
+    let members = Api::<MemberCluster>::all(hub.clone());
+    let existing = members
+        .get_opt(name)
+        .await
+        .context("reading MemberClusters on the hub (are the CRDs installed there?)")?;
+    if let Some(existing) = &existing {
+        match existing.labels().get(LABEL_CLUSTER_ID) {
+            Some(other) if other == &id => {}
+            Some(other) => bail!(
+                "the name {name} is taken on the hub by a different cluster (kube-system uid {other}, this one is {id}); unjoin it first or choose another name; nothing was changed"
+            ),
+            None => bail!(
+                "MemberCluster {name} exists on the hub but was not created by `bulkhead join` (no {LABEL_CLUSTER_ID} label); delete it or choose another name; nothing was changed"
+            ),
+        }
+    }
+    let same_cluster = members
+        .list(&ListParams::default().labels(&format!("{LABEL_CLUSTER_ID}={id}")))
+        .await
+        .context("listing MemberClusters on the hub")?;
+    if let Some(other) = same_cluster.items.iter().find(|m| &m.name_any() != name) {
+        bail!(
+            "this cluster is already joined as {}; unjoin it first; nothing was changed",
+            other.name_any()
+        );
+    }
+
+    eprintln!(
+        "joining {name} ({}, {}) as {}",
+        endpoint.server,
+        version.git_version,
+        if existing.is_some() {
+            "an update"
+        } else {
+            "a new member"
+        }
+    );
+    install_in_member(&member).await.with_context(|| {
+        format!("installing the hub's access in member {name}; nothing was changed on the hub")
+    })?;
+    let (token, expires) = mint_token(&member, options.token_expiration_seconds).await?;
+    let kubeconfig = service_account_kubeconfig(name, &endpoint, &token);
+    verify_hub_kubeconfig(&kubeconfig)
+        .await
+        .context("nothing was changed on the hub")?;
+
+    apply(
+        &Api::<Namespace>::all(hub.clone()),
+        SYSTEM_NAMESPACE,
+        &Namespace {
+            metadata: meta(SYSTEM_NAMESPACE, None),
+            ..Default::default()
+        },
+    )
+    .await
+    .context("creating namespace bulkhead-system on the hub")?;
+    let secret_name = format!("member-{name}");
+    let mut secret_meta = meta(&secret_name, Some(SYSTEM_NAMESPACE));
+    secret_meta
+        .labels
+        .get_or_insert_default()
+        .insert(LABEL_CLUSTER_ID.to_string(), id.clone());
+    let secret = Secret {
+        metadata: secret_meta,
+        type_: Some("Opaque".into()),
+        data: Some(BTreeMap::from([(
+            KUBECONFIG_KEY.to_string(),
+            ByteString(kubeconfig.into_bytes()),
+        )])),
+        ..Default::default()
+    };
+    apply(
+        &Api::<Secret>::namespaced(hub.clone(), SYSTEM_NAMESPACE),
+        &secret_name,
+        &secret,
+    )
+    .await?;
+    let mut cluster = MemberCluster::new(
+        name,
+        MemberClusterSpec {
+            secret_ref: SecretReference {
+                namespace: SYSTEM_NAMESPACE.into(),
+                name: secret_name.clone(),
+            },
+            zone: options.zone.clone(),
+            region: options.region.clone(),
+            taints: vec![],
+            probe: ProbeSpec {
+                interval_seconds: options.probe_interval_seconds,
+                timeout_seconds: options.probe_timeout_seconds,
+                failure_threshold: options.failure_threshold,
+                success_threshold: options.success_threshold,
+            },
+        },
+    );
+    cluster.metadata.labels = Some(BTreeMap::from([
+        (LABEL_MANAGED_BY.to_string(), "bulkhead".to_string()),
+        (LABEL_CLUSTER_ID.to_string(), id.clone()),
+    ]));
+    apply(&members, name, &cluster).await?;
+    println!(
+        "member {name} joined: MemberCluster {name} (zone {}), Secret {SYSTEM_NAMESPACE}/{secret_name} (token of {SYSTEM_NAMESPACE}/{HUB_ACCOUNT}, expires {expires}), cluster id {id}",
+        options.zone
+    );
+    Ok(())
+}
+
+/// Runs `bulkhead unjoin`.
+pub async fn unjoin(options: &UnjoinOptions) -> Result<()> {
+    let name = &options.name;
+    let hub = hub_client(&options.hub_kubeconfig, &options.hub_context).await?;
+    let members = Api::<MemberCluster>::all(hub.clone());
+    let existing = members
+        .get_opt(name)
+        .await
+        .context("reading the MemberCluster")?;
+
+    let member = match (&options.kubeconfig, options.cleanup) {
+        (Some(path), true) => {
+            let member = member_client(path, options.context.as_deref()).await?;
+            let id = tokio::time::timeout(Duration::from_secs(15), cluster_id(&member))
+                .await
+                .map_err(|_| anyhow::anyhow!("member {name} does not answer; unjoin without --cleanup to remove it from the hub only"))??;
+            if let Some(recorded) = existing
+                .as_ref()
+                .and_then(|m| m.labels().get(LABEL_CLUSTER_ID))
+                && recorded != &id
+            {
+                bail!(
+                    "{} points at a different cluster (kube-system uid {id}) than member {name} ({recorded}); nothing was changed",
+                    path.display()
+                );
+            }
+            Some(member)
+        }
+        _ => None,
+    };
+
+    let secret_name = existing
+        .as_ref()
+        .filter(|m| m.spec.secret_ref.namespace == SYSTEM_NAMESPACE)
+        .map(|m| m.spec.secret_ref.name.clone())
+        .unwrap_or_else(|| format!("member-{name}"));
+    match members.delete(name, &DeleteParams::default()).await {
+        Ok(_) => eprintln!("deleted MemberCluster {name}"),
+        Err(kube::Error::Api(s)) if s.code == 404 => {
+            eprintln!("MemberCluster {name} was already gone")
+        }
+        Err(error) => return Err(error).context("deleting the MemberCluster"),
+    }
+    let secrets = Api::<Secret>::namespaced(hub, SYSTEM_NAMESPACE);
+    match secrets.delete(&secret_name, &DeleteParams::default()).await {
+        Ok(_) => eprintln!("deleted Secret {SYSTEM_NAMESPACE}/{secret_name}"),
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(error) => return Err(error).context("deleting the member's Secret"),
+    }
+
+    if let Some(member) = member {
+        let ignore_missing = |result: Result<(), kube::Error>, what: &str| match result {
+            Ok(()) => {
+                eprintln!("deleted {what} in {name}");
+                Ok(())
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(error) => {
+                Err(anyhow::Error::new(error).context(format!("deleting {what} in {name}")))
+            }
+        };
+        let dp = DeleteParams::default();
+        ignore_missing(
+            Api::<ClusterRoleBinding>::all(member.clone())
+                .delete(HUB_ACCOUNT, &dp)
+                .await
+                .map(|_| ()),
+            "ClusterRoleBinding bulkhead-hub",
+        )?;
+        ignore_missing(
+            Api::<ClusterRole>::all(member.clone())
+                .delete(HUB_ACCOUNT, &dp)
+                .await
+                .map(|_| ()),
+            "ClusterRole bulkhead-hub",
+        )?;
+        let namespaces = Api::<Namespace>::all(member.clone());
+        ignore_missing(
+            namespaces.delete(SYSTEM_NAMESPACE, &dp).await.map(|_| ()),
+            "namespace bulkhead-system (service account, Role, RoleBinding, Lease)",
+        )?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while namespaces.get_opt(SYSTEM_NAMESPACE).await?.is_some() {
+            if tokio::time::Instant::now() > deadline {
+                bail!("namespace bulkhead-system in {name} is still terminating after 60 s");
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        eprintln!(
+            "namespace bulkhead-system in {name} is gone; CRDs were kept (deleting them would delete every MyDatabase)"
+        );
+    }
+    println!("member {name} unjoined");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn endpoint() -> MemberEndpoint {
+        MemberEndpoint {
+            server: "https://127.0.1.1:16410".into(),
+            certificate_authority_data: Some("Q0EK".into()),
+            tls_server_name: None,
+            insecure_skip_tls_verify: false,
+        }
+    }
+
+    #[test]
+    fn the_hub_kubeconfig_holds_server_ca_and_the_token_only() {
+        let text = service_account_kubeconfig("east", &endpoint(), "the-token");
+        let parsed = Kubeconfig::from_yaml(&text).unwrap();
+        assert_eq!(parsed.current_context.as_deref(), Some("east"));
+        let cluster = parsed.clusters[0].cluster.as_ref().unwrap();
+        assert_eq!(cluster.server.as_deref(), Some("https://127.0.1.1:16410"));
+        assert_eq!(cluster.certificate_authority_data.as_deref(), Some("Q0EK"));
+        let user = parsed.auth_infos[0].auth_info.as_ref().unwrap();
+        assert!(user.token.is_some());
+        assert!(user.client_certificate_data.is_none() && user.client_key_data.is_none());
+        assert!(text.contains("the-token"));
+        assert!(!text.contains("insecure-skip-tls-verify"));
+    }
+
+    #[test]
+    fn member_endpoint_reads_the_chosen_context() {
+        let dir = std::env::temp_dir().join(format!("bulkhead-join-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("ca.crt"), b"PEM").unwrap();
+        let path = dir.join("config");
+        std::fs::write(
+            &path,
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: a\n  cluster:\n    server: https://a:1\n    certificate-authority-data: QUFB\n- name: b\n  cluster:\n    server: https://b:2\n    certificate-authority: ca.crt\n    tls-server-name: b.local\nusers:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: ca\n  context: {cluster: a, user: u}\n- name: cb\n  context: {cluster: b, user: u}\ncurrent-context: ca\n",
+        )
+        .unwrap();
+        let a = member_endpoint(&path, None).unwrap();
+        assert_eq!(a.server, "https://a:1");
+        assert_eq!(a.certificate_authority_data.as_deref(), Some("QUFB"));
+        let b = member_endpoint(&path, Some("cb")).unwrap();
+        assert_eq!(b.server, "https://b:2");
+        assert_eq!(b.certificate_authority_data.as_deref(), Some("UEVN"));
+        assert_eq!(b.tls_server_name.as_deref(), Some("b.local"));
+        assert!(member_endpoint(&path, Some("nope")).is_err());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn the_hub_gets_least_privilege() {
+        let role = hub_cluster_role();
+        let rules = role.rules.unwrap();
+        for rule in &rules {
+            assert!(!rule.verbs.contains(&"*".to_string()), "{rule:?}");
+            assert!(!rule.resources.as_ref().unwrap().contains(&"*".to_string()));
+        }
+        let read_only = rules
+            .iter()
+            .find(|r| r.resources.as_ref().unwrap().contains(&"nodes".to_string()))
+            .unwrap();
+        assert_eq!(read_only.verbs, ["get", "list", "watch"]);
+        let lease = hub_lease_role();
+        assert_eq!(lease.metadata.namespace.as_deref(), Some(SYSTEM_NAMESPACE));
+        let lease_rules = lease.rules.unwrap();
+        assert_eq!(lease_rules[0].resources.as_ref().unwrap(), &["leases"]);
+    }
+
+    #[test]
+    fn an_applied_member_cluster_carries_no_status() {
+        let cluster = MemberCluster::new(
+            "east",
+            MemberClusterSpec {
+                secret_ref: SecretReference::default(),
+                zone: "zone-a".into(),
+                region: None,
+                taints: vec![],
+                probe: ProbeSpec::default(),
+            },
+        );
+        let json = serde_json::to_value(&cluster).unwrap();
+        assert!(json.get("status").is_none(), "{json}");
+        assert!(
+            json["spec"].get("taints").is_none(),
+            "join must not own the taints"
+        );
+    }
+}
