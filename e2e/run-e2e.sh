@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# Runs the end-to-end tests against the lab. Starts the lab when it is not running and
-# stops it afterwards (a lab that was already running, e.g. from `make demo`, is reused
-# and left running). BULKHEAD_KEEP_LAB=1 keeps a lab this script started.
+# Runs the end-to-end tests against a lab of their own (directory /tmp/bulkhead-lab-e2e,
+# ports from 17400, external addresses 127.0.2.n), so a demo lab left running by
+# `make demo` is never disturbed. Starts that lab when it is not running and stops it
+# afterwards; BULKHEAD_KEEP_LAB=1 keeps it for another run. Set BULKHEAD_LAB_DIR,
+# BULKHEAD_LAB_PORT_BASE and BULKHEAD_LAB_ADDRESS_OCTET to use another lab.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+export BULKHEAD_LAB_DIR="${BULKHEAD_LAB_DIR:-/tmp/bulkhead-lab-e2e}"
+export BULKHEAD_LAB_PORT_BASE="${BULKHEAD_LAB_PORT_BASE:-17400}"
+export BULKHEAD_LAB_ADDRESS_OCTET="${BULKHEAD_LAB_ADDRESS_OCTET:-2}"
 
 cargo build -q -p bulkhead --bin bulkhead
 up_output="$(e2e/lab up)"

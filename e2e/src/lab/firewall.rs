@@ -1,14 +1,21 @@
 //! Zone partitions with iptables: a DROP rule on a member's external address and API
 //! port makes the hub's new connections time out and open ones stall, as a real
 //! partition does, while the member's own components (on 127.0.0.1) keep working.
-//! Rules are narrow and tagged with a comment `bulkhead-lab:<member>`.
+//! Rules are narrow and tagged with a comment `bulkhead-lab:<member>` (`bulkhead-lab<octet>:` for a second lab).
 
 use std::net::Ipv4Addr;
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-const TAG_PREFIX: &str = "bulkhead-lab:";
+/// The tag prefix of this lab's rules: `bulkhead-lab<octet>:` (`bulkhead-lab:` for the
+/// default lab), so two labs never remove each other's partitions.
+fn tag_prefix() -> String {
+    match super::network().address_octet {
+        1 => "bulkhead-lab:".to_string(),
+        octet => format!("bulkhead-lab{octet}:"),
+    }
+}
 
 fn iptables(args: &[&str]) -> Result<String> {
     let output = Command::new("iptables").args(args).output().map_err(|e| {
@@ -34,8 +41,8 @@ fn iptables(args: &[&str]) -> Result<String> {
 /// spaces), optionally only one cluster's.
 fn lab_rules(cluster: Option<&str>) -> Result<Vec<String>> {
     let tag = match cluster {
-        Some(name) => format!("--comment {TAG_PREFIX}{name} "),
-        None => format!("--comment {TAG_PREFIX}"),
+        Some(name) => format!("--comment {}{name} ", tag_prefix()),
+        None => format!("--comment {}", tag_prefix()),
     };
     Ok(iptables(&["-S", "INPUT"])?
         .lines()
@@ -56,7 +63,7 @@ pub fn partition(cluster: &str, address: Ipv4Addr, port: u16) -> Result<()> {
     }
     let destination = format!("{address}/32");
     let port = port.to_string();
-    let tag = format!("{TAG_PREFIX}{cluster}");
+    let tag = format!("{}{cluster}", tag_prefix());
     iptables(&[
         "-I",
         "INPUT",

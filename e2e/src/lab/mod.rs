@@ -33,7 +33,26 @@ use procs::ProcessRecord;
 
 /// Kubernetes version the lab runs (must match e2e/k8s/build.sh).
 pub const K8S_VERSION: &str = "v1.36.3";
-const PORT_BASE: u16 = 16400;
+
+/// Where a lab lives on the network: its port range and its external addresses. Two labs
+/// can run side by side (the demo's and the tests'), each with its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LabNetwork {
+    /// Ports of cluster n start at `port_base + 10 n`.
+    pub port_base: u16,
+    /// Members are reachable from outside on `127.0.<address_octet>.<n>`.
+    pub address_octet: u8,
+}
+
+/// The network of this process's lab: `$BULKHEAD_LAB_PORT_BASE` (default 16400) and
+/// `$BULKHEAD_LAB_ADDRESS_OCTET` (default 1).
+pub fn network() -> LabNetwork {
+    static NETWORK: std::sync::OnceLock<LabNetwork> = std::sync::OnceLock::new();
+    *NETWORK.get_or_init(|| LabNetwork {
+        port_base: std::env::var("BULKHEAD_LAB_PORT_BASE").ok().and_then(|v| v.parse().ok()).unwrap_or(16400),
+        address_octet: std::env::var("BULKHEAD_LAB_ADDRESS_OCTET").ok().and_then(|v| v.parse().ok()).unwrap_or(1),
+    })
+}
 const NODES_PER_MEMBER: usize = 2;
 
 /// Hub or member.
@@ -55,7 +74,7 @@ pub struct ClusterInfo {
 
 impl ClusterInfo {
     pub fn apiserver_port(&self) -> u16 {
-        PORT_BASE + self.index * 10
+        network().port_base + self.index * 10
     }
     pub fn etcd_client_port(&self) -> u16 {
         self.apiserver_port() + 1
@@ -76,7 +95,7 @@ impl ClusterInfo {
     pub fn external_address(&self) -> Ipv4Addr {
         match self.role {
             Role::Hub => Ipv4Addr::LOCALHOST,
-            Role::Member => Ipv4Addr::new(127, 0, 1, self.index as u8),
+            Role::Member => Ipv4Addr::new(127, 0, network().address_octet, self.index as u8),
         }
     }
     pub fn external_url(&self) -> String {
@@ -232,7 +251,8 @@ impl Lab {
 
     /// Serialises lab operations between processes (a test and a person's shell).
     fn lock(&self) -> Result<std::fs::File> {
-        let path = std::env::temp_dir().join("bulkhead-lab.lock");
+        // Beside the lab directory, which `down` deletes.
+        let path = self.root.with_extension("lock");
         let file = std::fs::File::options()
             .create(true)
             .truncate(false)

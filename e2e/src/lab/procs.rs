@@ -52,10 +52,12 @@ fn command_line(pid: u32) -> Option<String> {
     Some(String::from_utf8_lossy(&raw).replace('\0', " "))
 }
 
-/// True when `pid` is alive and its command line mentions `marker` (the lab directory), so a
-/// recycled pid is never mistaken for a lab process.
+/// True when `pid` is alive and its command line names a path inside `marker` (the lab
+/// directory), so a recycled pid is never mistaken for a lab process. The trailing `/`
+/// keeps `/tmp/bulkhead-lab` from matching a second lab in `/tmp/bulkhead-lab-e2e`.
 pub fn is_lab_process(pid: u32, marker: &Path) -> bool {
-    command_line(pid).is_some_and(|cmd| cmd.contains(&*marker.to_string_lossy()))
+    let inside = format!("{}/", marker.to_string_lossy().trim_end_matches('/'));
+    command_line(pid).is_some_and(|cmd| cmd.contains(&inside))
 }
 
 /// Every live process whose command line mentions `marker`: what a crashed lab left.
