@@ -619,3 +619,84 @@ async fn the_agent_can_serve_the_webhook_in_process() -> Result<()> {
     eprintln!("denial from the agent's in-process webhook: {message}");
     Ok(())
 }
+
+#[tokio::test]
+async fn the_hub_can_serve_the_webhook_in_process() -> Result<()> {
+    let lab = support::lab().await?;
+    lab.install_crds("hub", &lab::crd_dir()).await?;
+    let namespace = TestNamespace::create(&lab, "hub-webhook", &["hub"]).await?;
+    let ns = namespace.name.as_str();
+    let hub = lab.client("hub").await?;
+    label_namespace(&hub, ns, serde_json::json!({SCOPE_LABEL: ns})).await?;
+    let port = free_port();
+    let name = format!("e2e-{ns}");
+    let log = lab.log_dir("hub").join(format!("hub-{ns}.log"));
+    let child = Command::new(bulkhead_binary()?)
+        .arg("hub")
+        .arg("--kubeconfig")
+        .arg(lab.kubeconfig("hub"))
+        .args(["--probe-address", &format!("127.0.0.1:{}", free_port())])
+        .args([
+            "--webhook",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--url",
+            &format!("https://127.0.0.1:{port}"),
+        ])
+        .args([
+            "--configuration-name",
+            &name,
+            "--selector-label",
+            &format!("{SCOPE_LABEL}={ns}"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
+        .spawn()?;
+    let hub_process = Webhook { child, log };
+    let _configurations = Configurations {
+        name,
+        kubeconfigs: vec![lab.inside_kubeconfig("hub")],
+    };
+    let policies: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        hub.clone(),
+        ns,
+        &kube::discovery::ApiResource::erase::<bulkhead::api::PropagationPolicy>(&()),
+    );
+    let weightless: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "federation.example.com/v1alpha1", "kind": "PropagationPolicy",
+        "metadata": {"name": "weightless"},
+        "spec": {"resourceSelectors": [{"apiVersion": "apps/v1", "kind": "Deployment"}],
+                 "placement": {"clusterTolerations": [{"key": "k", "effect": "NoSchedule", "tolerationSeconds": 5}]}}
+    }))?;
+    let message = wait_for(
+        "the hub's webhook denies a malformed toleration",
+        Duration::from_secs(30),
+        || {
+            let policies = policies.clone();
+            let weightless = weightless.clone();
+            async move {
+                match policies
+                    .create(
+                        &PostParams {
+                            dry_run: true,
+                            ..Default::default()
+                        },
+                        &weightless,
+                    )
+                    .await
+                {
+                    Err(kube::Error::Api(status))
+                        if status.message.contains("tolerationSeconds") =>
+                    {
+                        Check::Done(status.message.clone())
+                    }
+                    other => Check::Waiting(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await
+    .with_context(|| format!("hub log:\n{}", hub_process.log_text()))?;
+    eprintln!("denial from the hub's in-process webhook: {message}");
+    Ok(())
+}

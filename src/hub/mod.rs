@@ -61,6 +61,12 @@ pub struct HubOptions {
     /// How often a healthy member's version and capacity are refreshed.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub capacity_interval: Duration,
+    /// Also serve the admission webhook in this process and install the hub-side webhook
+    /// configurations into the hub (the webhook flags below apply; see docs/admission.md).
+    #[arg(long)]
+    pub webhook: bool,
+    #[command(flatten)]
+    pub webhook_options: crate::webhook::WebhookServerOptions,
 }
 
 /// Parses `2s`, `500ms`, `1m` or a plain number of seconds.
@@ -143,6 +149,14 @@ pub async fn run(options: HubOptions) -> Result<()> {
             lease_duration = ?options.lease_duration,
             "hub ready"
         );
+        if options.webhook {
+            let targets = vec![(
+                "hub".to_string(),
+                process.client.clone(),
+                crate::webhook::configurations::ClusterRole::Hub,
+            )];
+            crate::webhook::start(&process, &options.webhook_options, targets).await?;
+        }
         process.readiness.set_ready();
         run_membership(&process, &options, identity, HubState::default()).await;
     }

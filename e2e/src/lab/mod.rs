@@ -49,8 +49,14 @@ pub struct LabNetwork {
 pub fn network() -> LabNetwork {
     static NETWORK: std::sync::OnceLock<LabNetwork> = std::sync::OnceLock::new();
     *NETWORK.get_or_init(|| LabNetwork {
-        port_base: std::env::var("BULKHEAD_LAB_PORT_BASE").ok().and_then(|v| v.parse().ok()).unwrap_or(16400),
-        address_octet: std::env::var("BULKHEAD_LAB_ADDRESS_OCTET").ok().and_then(|v| v.parse().ok()).unwrap_or(1),
+        port_base: std::env::var("BULKHEAD_LAB_PORT_BASE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(16400),
+        address_octet: std::env::var("BULKHEAD_LAB_ADDRESS_OCTET")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1),
     })
 }
 const NODES_PER_MEMBER: usize = 2;
