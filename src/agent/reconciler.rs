@@ -732,6 +732,51 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_update_applies_the_new_replica_count_and_reports_scaling() {
+        let (context, handle) = context(false);
+        let mut db = orders(true, false);
+        db.spec.replicas = 5;
+        db.metadata.generation = Some(2);
+        let applied = Arc::new(Mutex::new(None));
+        let seen = applied.clone();
+        let server = serve(handle, move |method, path, body| {
+            if path.ends_with("/statefulsets/orders") && method == "GET" {
+                let mut existing =
+                    serde_json::to_value(builders::statefulset(&orders(true, false))).unwrap();
+                existing["metadata"]["generation"] = 1.into();
+                existing["status"] = serde_json::json!({"replicas": 3, "readyReplicas": 3, "updatedReplicas": 3, "observedGeneration": 1});
+                return json(StatusCode::OK, existing);
+            }
+            if path.ends_with("/statefulsets/orders") && method == "PATCH" {
+                *seen.lock().unwrap() = Some(body.clone());
+                let mut answer = body.clone();
+                answer["metadata"]["generation"] = 2.into();
+                answer["status"] = serde_json::json!({"replicas": 3, "readyReplicas": 3, "updatedReplicas": 3, "observedGeneration": 2});
+                return json(StatusCode::OK, answer);
+            }
+            echo(method, path, body)
+        });
+        reconcile(Arc::new(db), context.clone()).await.unwrap();
+        drop(context);
+        let (calls, events) = server.await.unwrap();
+        assert_eq!(
+            applied.lock().unwrap().as_ref().unwrap()["spec"]["replicas"],
+            5
+        );
+        assert!(
+            calls
+                .iter()
+                .any(|c| c.ends_with("/mydatabases/orders/status")),
+            "{calls:#?}"
+        );
+        let reasons: Vec<&str> = events.iter().filter_map(|e| e["reason"].as_str()).collect();
+        assert!(
+            reasons.contains(&"ScalingUp"),
+            "a Progressing transition is announced: {reasons:?}"
+        );
+    }
+
+    #[tokio::test]
     async fn unchanged_status_is_not_written_again() {
         let (context, handle) = context(false);
         let mut db = orders(true, false);

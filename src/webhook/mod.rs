@@ -601,3 +601,124 @@ async fn watch_cluster_names(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn start_server() -> (SocketAddr, String, CancellationToken) {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let authority = tls::CertificateAuthority::new("test-ca").unwrap();
+        let issued = authority.issue(&["127.0.0.1".into()]).unwrap();
+        let store = tls::CertificateStore::new(
+            tls::certified_key(&issued.cert_pem, &issued.key_pem).unwrap(),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = Arc::new(Server {
+            state: AdmissionState {
+                tenants: TenantRegistry::new(),
+                known_clusters: None,
+            },
+            metrics: WebhookMetrics {
+                requests: Family::default(),
+                duration: Histogram::new(exponential_buckets(0.001, 2.0, 4)),
+            },
+        });
+        let shutdown = CancellationToken::new();
+        let acceptor = TlsAcceptor::from(Arc::new(tls::server_config(store)));
+        tokio::spawn(serve(listener, acceptor, server, shutdown.clone()));
+        (addr, issued.ca_pem, shutdown)
+    }
+
+    /// Sends one HTTP/1.1 request over TLS, trusting `ca_pem`; returns status and body.
+    async fn send(
+        addr: SocketAddr,
+        ca_pem: &str,
+        method: &str,
+        path: &str,
+        body: &[u8],
+    ) -> (u16, String) {
+        use rustls::pki_types::CertificateDer;
+        use rustls::pki_types::pem::PemObject;
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap())
+            .unwrap();
+        let config = rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+        let mut tls = connector.connect(name, tcp).await.unwrap();
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        tls.write_all(head.as_bytes()).await.unwrap();
+        let _ = tls.write_all(body).await;
+        let mut raw = Vec::new();
+        let _ = tls.read_to_end(&mut raw).await;
+        let text = String::from_utf8_lossy(&raw).to_string();
+        let status = text.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+        (
+            status,
+            text.split_once("\r\n\r\n")
+                .map(|(_, b)| b.to_string())
+                .unwrap_or_default(),
+        )
+    }
+
+    #[tokio::test]
+    async fn malformed_requests_get_clean_4xx_answers_over_tls() {
+        let (addr, ca, shutdown) = start_server().await;
+        for body in [
+            &b""[..],
+            b"{",
+            b"null",
+            b"[1,2]",
+            b"{\"request\":{}}",
+            b"\xff\xfe\xfd",
+        ] {
+            let (status, answer) = send(addr, &ca, "POST", "/validate", body).await;
+            assert_eq!(
+                status,
+                400,
+                "{:?} -> {answer}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        assert_eq!(
+            send(addr, &ca, "POST", "/convert", b"{nonsense").await.0,
+            400
+        );
+        assert_eq!(send(addr, &ca, "GET", "/nowhere", b"").await.0, 404);
+        assert_eq!(send(addr, &ca, "GET", "/validate", b"").await.0, 405);
+        let huge = vec![b' '; MAX_BODY_BYTES + 1024];
+        assert_eq!(send(addr, &ca, "POST", "/mutate", &huge).await.0, 413);
+        // And a well-formed review still gets its answer.
+        let review = serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u", "kind": {"group": "example.com", "version": "v1", "kind": "MyDatabase"},
+                        "resource": {"group": "example.com", "version": "v1", "resource": "mydatabases"},
+                        "name": "a", "namespace": "n", "operation": "CREATE", "userInfo": {},
+                        "object": {"apiVersion": "example.com/v1", "kind": "MyDatabase", "metadata": {"name": "a"}, "spec": {"replicas": 20}}}
+        });
+        let (status, answer) = send(
+            addr,
+            &ca,
+            "POST",
+            "/validate",
+            &serde_json::to_vec(&review).unwrap(),
+        )
+        .await;
+        assert_eq!(status, 200);
+        assert!(
+            answer.contains("\"allowed\":false") && answer.contains("spec.replicas is 20"),
+            "{answer}"
+        );
+        shutdown.cancel();
+    }
+}
