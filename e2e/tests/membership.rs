@@ -6,13 +6,14 @@
 //! Run with `cargo build -p bulkhead --bin bulkhead && cargo test -p bulkhead-e2e --test
 //! membership -- --test-threads=1`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use bulkhead::api::MemberCluster;
 use bulkhead::api::member_cluster::{TAINT_UNREACHABLE, ZoneState};
+use bulkhead_e2e::agent_support::{bulkhead_binary, free_port};
 use bulkhead_e2e::lab::Lab;
 use bulkhead_e2e::support::{self, Partition, TestNamespace};
 use bulkhead_e2e::{Check, wait_for};
@@ -34,20 +35,6 @@ const PROBE_INTERVAL: u64 = 1;
 const PROBE_TIMEOUT: u64 = 1;
 const FAILURE_THRESHOLD: u64 = 3;
 const SUCCESS_THRESHOLD: u64 = 2;
-
-fn bulkhead_binary() -> Result<PathBuf> {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let path = target.join("debug/bulkhead");
-    if !path.is_file() {
-        bail!(
-            "{} is missing; run `cargo build -p bulkhead` first",
-            path.display()
-        );
-    }
-    Ok(path)
-}
 
 fn bulkhead(args: &[&str]) -> Result<Output> {
     let output = Command::new(bulkhead_binary()?).args(args).output()?;
@@ -85,14 +72,6 @@ fn join(lab: &Lab, name: &str, kubeconfig: &Path, zone: &str, region: &str) -> R
         "--success-threshold",
         &SUCCESS_THRESHOLD.to_string(),
     ])
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 async fn metrics(port: u16) -> Result<String> {
@@ -711,4 +690,99 @@ async fn futures_join(clients: &[(&str, Client)]) -> Vec<Option<String>> {
         out.push(renew_time(client).await);
     }
     out
+}
+
+#[tokio::test]
+async fn join_can_install_the_agent_and_unjoin_removes_it() -> Result<()> {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let lab = support::lab().await?;
+    let member = lab.inside_client("north").await?;
+    let hub = lab.client("hub").await?;
+    let output = bulkhead(&[
+        "join",
+        "north",
+        "--kubeconfig",
+        &path(&lab.kubeconfig("north")),
+        "--zone",
+        "zone-c",
+        "--hub-kubeconfig",
+        &path(&lab.kubeconfig("hub")),
+        "--install-agent",
+        "--agent-image",
+        "registry.local/bulkhead:e2e",
+    ])?;
+    assert!(output.status.success(), "join --install-agent failed");
+    let deployments: Api<Deployment> = Api::namespaced(member.clone(), "bulkhead-system");
+    let deployment = deployments.get("bulkhead-agent").await?;
+    let pod = deployment.spec.unwrap().template.spec.unwrap();
+    assert_eq!(
+        pod.containers[0].image.as_deref(),
+        Some("registry.local/bulkhead:e2e")
+    );
+    assert_eq!(pod.service_account_name.as_deref(), Some("bulkhead-agent"));
+    Api::<ServiceAccount>::namespaced(member.clone(), "bulkhead-system")
+        .get("bulkhead-agent")
+        .await?;
+    Api::<ClusterRole>::all(member.clone())
+        .get("bulkhead-agent")
+        .await?;
+    Api::<ClusterRoleBinding>::all(member.clone())
+        .get("bulkhead-agent")
+        .await?;
+    // kwok runs no containers but plays the kubelet: the Deployment becomes available.
+    wait_for(
+        "agent Deployment available",
+        Duration::from_secs(60),
+        || {
+            let deployments = deployments.clone();
+            async move {
+                match deployments.get("bulkhead-agent").await {
+                    Ok(d) if d.status.as_ref().and_then(|s| s.available_replicas) == Some(1) => {
+                        Check::Done(())
+                    }
+                    Ok(d) => {
+                        Check::Waiting(format!("{:?}", d.status.and_then(|s| s.available_replicas)))
+                    }
+                    Err(e) => Check::Waiting(e.to_string()),
+                }
+            }
+        },
+    )
+    .await?;
+
+    let output = bulkhead(&[
+        "unjoin",
+        "north",
+        "--cleanup",
+        "--kubeconfig",
+        &path(&lab.kubeconfig("north")),
+        "--hub-kubeconfig",
+        &path(&lab.kubeconfig("hub")),
+    ])?;
+    assert!(output.status.success(), "unjoin --cleanup failed");
+    assert!(
+        Api::<ClusterRole>::all(member.clone())
+            .get_opt("bulkhead-agent")
+            .await?
+            .is_none()
+    );
+    assert!(
+        Api::<ClusterRoleBinding>::all(member.clone())
+            .get_opt("bulkhead-agent")
+            .await?
+            .is_none()
+    );
+    assert!(
+        Api::<Namespace>::all(member.clone())
+            .get_opt("bulkhead-system")
+            .await?
+            .is_none()
+    );
+    assert!(
+        Api::<MemberCluster>::all(hub)
+            .get_opt("north")
+            .await?
+            .is_none()
+    );
+    Ok(())
 }

@@ -86,6 +86,13 @@ pub struct JoinOptions {
     /// Lifetime asked for the hub's service-account token (the member may grant less).
     #[arg(long, default_value_t = DEFAULT_TOKEN_SECONDS)]
     pub token_expiration_seconds: i64,
+    /// Also install the agent in the member: service account, RBAC and a Deployment
+    /// running `bulkhead agent`.
+    #[arg(long)]
+    pub install_agent: bool,
+    /// Image for the agent Deployment.
+    #[arg(long, default_value = super::agent_install::DEFAULT_AGENT_IMAGE)]
+    pub agent_image: String,
 }
 
 /// `bulkhead unjoin` options.
@@ -442,6 +449,37 @@ where
     .map(|_| ())
 }
 
+/// Installs the agent's service account, RBAC and Deployment in the member.
+async fn install_agent(member: &Client, image: &str) -> Result<()> {
+    use super::agent_install as agent;
+    use k8s_openapi::api::apps::v1::Deployment;
+    apply(
+        &Api::<ServiceAccount>::namespaced(member.clone(), SYSTEM_NAMESPACE),
+        agent::AGENT_NAME,
+        &agent::service_account(),
+    )
+    .await?;
+    apply(
+        &Api::<ClusterRole>::all(member.clone()),
+        agent::AGENT_NAME,
+        &agent::cluster_role(),
+    )
+    .await?;
+    apply(
+        &Api::<ClusterRoleBinding>::all(member.clone()),
+        agent::AGENT_NAME,
+        &agent::cluster_role_binding(),
+    )
+    .await?;
+    apply(
+        &Api::<Deployment>::namespaced(member.clone(), SYSTEM_NAMESPACE),
+        agent::AGENT_NAME,
+        &agent::deployment(image),
+    )
+    .await?;
+    Ok(())
+}
+
 /// Installs the namespace, service account, RBAC and CRDs in the member.
 async fn install_in_member(member: &Client) -> Result<()> {
     apply(
@@ -655,6 +693,17 @@ pub async fn join(options: &JoinOptions) -> Result<()> {
     install_in_member(&member).await.with_context(|| {
         format!("installing the hub's access in member {name}; nothing was changed on the hub")
     })?;
+    if options.install_agent {
+        install_agent(&member, &options.agent_image)
+            .await
+            .with_context(|| {
+                format!("installing the agent in member {name}; nothing was changed on the hub")
+            })?;
+        eprintln!(
+            "installed the agent in {name} (Deployment {SYSTEM_NAMESPACE}/bulkhead-agent, image {})",
+            options.agent_image
+        );
+    }
     let (token, expires) = mint_token(&member, options.token_expiration_seconds).await?;
     let kubeconfig = service_account_kubeconfig(name, &endpoint, &token);
     verify_hub_kubeconfig(&kubeconfig)
@@ -798,10 +847,24 @@ pub async fn unjoin(options: &UnjoinOptions) -> Result<()> {
                 .map(|_| ()),
             "ClusterRole bulkhead-hub",
         )?;
+        ignore_missing(
+            Api::<ClusterRoleBinding>::all(member.clone())
+                .delete(super::agent_install::AGENT_NAME, &dp)
+                .await
+                .map(|_| ()),
+            "ClusterRoleBinding bulkhead-agent",
+        )?;
+        ignore_missing(
+            Api::<ClusterRole>::all(member.clone())
+                .delete(super::agent_install::AGENT_NAME, &dp)
+                .await
+                .map(|_| ()),
+            "ClusterRole bulkhead-agent",
+        )?;
         let namespaces = Api::<Namespace>::all(member.clone());
         ignore_missing(
             namespaces.delete(SYSTEM_NAMESPACE, &dp).await.map(|_| ()),
-            "namespace bulkhead-system (service account, Role, RoleBinding, Lease)",
+            "namespace bulkhead-system (service accounts, Role, RoleBinding, Lease, agent Deployment)",
         )?;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         while namespaces.get_opt(SYSTEM_NAMESPACE).await?.is_some() {

@@ -1,5 +1,6 @@
 //! Command-line parsing and the short-lived user commands.
 
+pub mod agent_install;
 pub mod crd;
 pub mod get;
 pub mod join;

@@ -1,0 +1,234 @@
+//! What `bulkhead join --install-agent` puts in a member: the agent's service account,
+//! least-privilege RBAC and a Deployment running `bulkhead agent`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, HTTPGetAction, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
+    ServiceAccount,
+};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use crate::api::{LABEL_MANAGED_BY, SYSTEM_NAMESPACE};
+
+/// Name of the agent's service account, ClusterRole, ClusterRoleBinding and Deployment.
+pub const AGENT_NAME: &str = "bulkhead-agent";
+/// Image used when `--agent-image` is not given.
+pub const DEFAULT_AGENT_IMAGE: &str = concat!("bulkhead:", env!("CARGO_PKG_VERSION"));
+
+fn meta(namespaced: bool) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(AGENT_NAME.into()),
+        namespace: namespaced.then(|| SYSTEM_NAMESPACE.to_string()),
+        labels: Some(BTreeMap::from([
+            (LABEL_MANAGED_BY.to_string(), "bulkhead".to_string()),
+            ("app.kubernetes.io/name".to_string(), AGENT_NAME.to_string()),
+        ])),
+        ..Default::default()
+    }
+}
+
+fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
+    let strings = |items: &[&str]| items.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    PolicyRule {
+        api_groups: Some(strings(groups)),
+        resources: Some(strings(resources)),
+        verbs: strings(verbs),
+        ..Default::default()
+    }
+}
+
+/// The agent's service account.
+pub fn service_account() -> ServiceAccount {
+    ServiceAccount {
+        metadata: meta(true),
+        ..Default::default()
+    }
+}
+
+/// What the agent may do: run MyDatabases (and their children), delete their volumes,
+/// record Events, and read the hub's fencing Lease. Nothing else.
+pub fn cluster_role() -> ClusterRole {
+    const WRITE: &[&str] = &[
+        "get", "list", "watch", "create", "update", "patch", "delete",
+    ];
+    ClusterRole {
+        metadata: meta(false),
+        rules: Some(vec![
+            rule(
+                &["example.com"],
+                &["mydatabases"],
+                &["get", "list", "watch", "update", "patch"],
+            ),
+            rule(
+                &["example.com"],
+                &["mydatabases/status", "mydatabases/finalizers"],
+                &["get", "update", "patch"],
+            ),
+            rule(&["apps"], &["statefulsets"], WRITE),
+            rule(&[""], &["services", "configmaps"], WRITE),
+            rule(
+                &[""],
+                &["persistentvolumeclaims"],
+                &["get", "list", "watch", "delete", "deletecollection"],
+            ),
+            rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
+            rule(
+                &["coordination.k8s.io"],
+                &["leases"],
+                &["get", "list", "watch"],
+            ),
+            rule(
+                &["apiextensions.k8s.io"],
+                &["customresourcedefinitions"],
+                &["get", "list", "watch"],
+            ),
+        ]),
+        ..Default::default()
+    }
+}
+
+/// Binds the ClusterRole to the service account.
+pub fn cluster_role_binding() -> ClusterRoleBinding {
+    ClusterRoleBinding {
+        metadata: meta(false),
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "ClusterRole".into(),
+            name: AGENT_NAME.into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: AGENT_NAME.into(),
+            namespace: Some(SYSTEM_NAMESPACE.into()),
+            ..Default::default()
+        }]),
+    }
+}
+
+/// The Deployment running `bulkhead agent` with `image`.
+pub fn deployment(image: &str) -> Deployment {
+    let labels = BTreeMap::from([("app.kubernetes.io/name".to_string(), AGENT_NAME.to_string())]);
+    let probe = |path: &str| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::String("probes".into()),
+            ..Default::default()
+        }),
+        period_seconds: Some(10),
+        ..Default::default()
+    };
+    Deployment {
+        metadata: meta(true),
+        spec: Some(DeploymentSpec {
+            // One agent per member: two would fight over the same MyDatabases.
+            replicas: Some(1),
+            selector: LabelSelector {
+                match_labels: Some(labels.clone()),
+                match_expressions: None,
+            },
+            strategy: Some(k8s_openapi::api::apps::v1::DeploymentStrategy {
+                type_: Some("Recreate".into()),
+                rolling_update: None,
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    service_account_name: Some(AGENT_NAME.into()),
+                    containers: vec![Container {
+                        name: "agent".into(),
+                        image: Some(image.into()),
+                        args: Some(vec![
+                            "agent".into(),
+                            "--probe-address".into(),
+                            "0.0.0.0:8080".into(),
+                            "--log-format".into(),
+                            "json".into(),
+                        ]),
+                        ports: Some(vec![ContainerPort {
+                            name: Some("probes".into()),
+                            container_port: 8080,
+                            ..Default::default()
+                        }]),
+                        readiness_probe: Some(probe("/readyz")),
+                        liveness_probe: Some(probe("/healthz")),
+                        resources: Some(ResourceRequirements {
+                            requests: Some(BTreeMap::from([
+                                ("cpu".to_string(), Quantity("50m".into())),
+                                ("memory".to_string(), Quantity("64Mi".into())),
+                            ])),
+                            limits: Some(BTreeMap::from([(
+                                "memory".to_string(),
+                                Quantity("256Mi".into()),
+                            )])),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_agent_gets_least_privilege() {
+        let role = cluster_role();
+        let rules = role.rules.unwrap();
+        let verbs_for = |resource: &str| -> Vec<String> {
+            rules
+                .iter()
+                .filter(|r| {
+                    r.resources
+                        .as_ref()
+                        .unwrap()
+                        .contains(&resource.to_string())
+                })
+                .flat_map(|r| r.verbs.clone())
+                .collect()
+        };
+        assert!(
+            !verbs_for("leases").contains(&"update".to_string()),
+            "the agent only reads the hub's lease"
+        );
+        assert!(
+            !verbs_for("mydatabases").contains(&"delete".to_string()),
+            "the agent never deletes a MyDatabase"
+        );
+        assert!(verbs_for("secrets").is_empty(), "no access to Secrets");
+        assert!(
+            verbs_for("persistentvolumeclaims").contains(&"deletecollection".to_string()),
+            "the finalizer deletes volumes"
+        );
+    }
+
+    #[test]
+    fn one_agent_replica_with_probes_and_the_service_account() {
+        let deployment = deployment("registry.local/bulkhead:1");
+        let spec = deployment.spec.unwrap();
+        assert_eq!(spec.replicas, Some(1));
+        let pod = spec.template.spec.unwrap();
+        assert_eq!(pod.service_account_name.as_deref(), Some(AGENT_NAME));
+        let container = &pod.containers[0];
+        assert_eq!(
+            container.image.as_deref(),
+            Some("registry.local/bulkhead:1")
+        );
+        assert_eq!(container.args.as_ref().unwrap()[0], "agent");
+        assert!(container.readiness_probe.is_some() && container.liveness_probe.is_some());
+    }
+}
