@@ -2,6 +2,8 @@
 //! scheduling, propagation, status aggregation and failover. Placement is pure code in
 //! `placement/` (added with the placement issue).
 
+pub mod placement;
+
 use std::time::Duration;
 
 use kube::Api;
