@@ -167,8 +167,27 @@ impl Slot<'_> {
     }
 }
 
-/// Places one template; see the module documentation and docs/placement.md.
+/// Places one template and renders the whole explanation; see the module documentation
+/// and docs/placement.md. Equivalent to `decide(request).into_result()`.
 pub fn place(request: &PlacementRequest<'_>) -> PlacementResult {
+    decide(request).into_result()
+}
+
+/// A placement decided but not yet written out: the kernel's result before the
+/// per-cluster strings are built. The hub decides on every change of a template, a policy
+/// or a cluster, but writes a binding only when the decision differs
+/// ([`Decision::has_targets`]); building 100 reason strings for a decision that is thrown
+/// away would cost more than deciding it, so rendering is a separate, lazy step.
+#[derive(Clone, Debug)]
+pub struct Decision<'a> {
+    slots: Vec<Slot<'a>>,
+    mode: Mode,
+    total: u32,
+    scheduled: Result<(), String>,
+}
+
+/// Decides one placement without rendering the reasons; see [`place`].
+pub fn decide<'a>(request: &PlacementRequest<'a>) -> Decision<'a> {
     let mode = Mode::of(request);
     let total = u32::try_from(request.replicas).unwrap_or(0);
     let placement = request.placement;
@@ -177,7 +196,7 @@ pub fn place(request: &PlacementRequest<'_>) -> PlacementResult {
 
     // 1. Candidates.
     let affinity = Affinity::new(placement.cluster_affinity.as_ref());
-    let mut slots: Vec<Slot<'_>> = request
+    let mut slots: Vec<Slot<'a>> = request
         .clusters
         .iter()
         .map(|cluster| {
@@ -203,7 +222,12 @@ pub fn place(request: &PlacementRequest<'_>) -> PlacementResult {
         .collect();
 
     let scheduled = schedule(request, mode, total, &current, &mut slots);
-    explain(mode, total, scheduled, &slots)
+    Decision {
+        slots,
+        mode,
+        total,
+        scheduled,
+    }
 }
 
 /// Steps 2 to 4; leaves `replicas` on the slots.
@@ -413,65 +437,136 @@ impl<'a> CurrentReplicas<'a> {
         }
     }
 
-    fn get(&self, name: &str) -> i32 {
-        let found = if self.sorted {
+    fn find(&self, name: &str) -> Option<&'a TargetCluster> {
+        if self.sorted {
             self.targets
                 .binary_search_by(|t| t.name.as_str().cmp(name))
                 .ok()
                 .map(|i| &self.targets[i])
         } else {
             self.targets.iter().find(|t| t.name == name)
-        };
-        found.map_or(0, |t| t.replicas)
+        }
+    }
+
+    fn get(&self, name: &str) -> i32 {
+        self.find(name).map_or(0, |t| t.replicas)
     }
 }
 
-/// Step 5: targets and one decision per cluster, sorted by name.
-fn explain(
-    mode: Mode,
-    total: u32,
-    scheduled: Result<(), String>,
-    slots: &[Slot<'_>],
-) -> PlacementResult {
-    let mut order: Vec<usize> = (0..slots.len()).collect();
-    if !slots.is_sorted_by(|a, b| a.cluster.name <= b.cluster.name) {
-        order.sort_by(|&a, &b| slots[a].cluster.name.cmp(&slots[b].cluster.name));
+impl Decision<'_> {
+    /// `Err(reason)` when no placement satisfies the policy.
+    pub fn scheduled(&self) -> Result<(), &str> {
+        self.scheduled.as_ref().map(|_| ()).map_err(String::as_str)
     }
-    let selected = |slot: &Slot<'_>| {
-        scheduled.is_ok() && slot.is_candidate() && (slot.replicas > 0 || total == 0)
-    };
-    let context = reason::Context {
-        mode,
-        total,
-        positive_weights: slots
-            .iter()
-            .filter(|s| s.is_candidate() && s.weight > 0)
-            .count(),
-        selected: slots.iter().filter(|s| selected(s)).count(),
-        error: scheduled.as_ref().err().map(String::as_str),
-    };
-    let mut targets = Vec::with_capacity(context.selected);
-    let mut decisions = Vec::with_capacity(slots.len());
-    for &index in &order {
-        let slot = &slots[index];
-        let chosen = selected(slot);
-        if chosen {
-            targets.push(TargetCluster {
+
+    fn is_selected(&self, slot: &Slot<'_>) -> bool {
+        self.scheduled.is_ok()
+            && slot.is_candidate()
+            && (slot.replicas > 0
+                || (self.total == 0
+                    && !(matches!(self.mode, Mode::Weighted { .. }) && slot.weight == 0)))
+    }
+
+    /// Slot indices in cluster-name order.
+    fn name_order(&self) -> Vec<usize> {
+        let slots = &self.slots;
+        let mut order: Vec<usize> = (0..slots.len()).collect();
+        if !slots.is_sorted_by(|a, b| a.cluster.name <= b.cluster.name) {
+            order.sort_by(|&a, &b| slots[a].cluster.name.cmp(&slots[b].cluster.name));
+        }
+        order
+    }
+
+    /// Whether the chosen clusters and replicas are exactly `targets` (in any order), so
+    /// the caller can skip a write; allocates nothing.
+    pub fn has_targets(&self, targets: &[TargetCluster]) -> bool {
+        let current = CurrentReplicas::new(targets);
+        let mut selected = 0;
+        for slot in &self.slots {
+            if self.is_selected(slot) {
+                selected += 1;
+                if current
+                    .find(&slot.cluster.name)
+                    .is_none_or(|t| t.replicas != slot.replicas as i32)
+                {
+                    return false;
+                }
+            }
+        }
+        selected == targets.len()
+    }
+
+    /// The chosen clusters with their replicas, sorted by name; empty when unschedulable.
+    pub fn targets(&self) -> Vec<TargetCluster> {
+        self.name_order()
+            .into_iter()
+            .map(|index| &self.slots[index])
+            .filter(|slot| self.is_selected(slot))
+            .map(|slot| TargetCluster {
                 name: slot.cluster.name.clone(),
                 replicas: slot.replicas as i32,
+            })
+            .collect()
+    }
+
+    /// One row per known cluster, sorted by name, with its reason.
+    pub fn decisions(&self) -> Vec<ClusterDecision> {
+        let context = self.reason_context();
+        self.name_order()
+            .into_iter()
+            .map(|index| {
+                let slot = &self.slots[index];
+                let chosen = self.is_selected(slot);
+                ClusterDecision {
+                    cluster: slot.cluster.name.clone(),
+                    selected: chosen,
+                    replicas: chosen.then_some(slot.replicas as i32),
+                    reason: reason::render(slot, &context),
+                }
+            })
+            .collect()
+    }
+
+    fn reason_context(&self) -> reason::Context<'_> {
+        reason::Context {
+            mode: self.mode,
+            total: self.total,
+            positive_weights: self
+                .slots
+                .iter()
+                .filter(|s| s.is_candidate() && s.weight > 0)
+                .count(),
+            selected: self.slots.iter().filter(|s| self.is_selected(s)).count(),
+            error: self.scheduled.as_ref().err().map(String::as_str),
+        }
+    }
+
+    /// Targets, decisions and the scheduling result, in one pass.
+    pub fn into_result(self) -> PlacementResult {
+        let context = self.reason_context();
+        let mut targets = Vec::with_capacity(context.selected);
+        let mut decisions = Vec::with_capacity(self.slots.len());
+        for index in self.name_order() {
+            let slot = &self.slots[index];
+            let chosen = self.is_selected(slot);
+            if chosen {
+                targets.push(TargetCluster {
+                    name: slot.cluster.name.clone(),
+                    replicas: slot.replicas as i32,
+                });
+            }
+            decisions.push(ClusterDecision {
+                cluster: slot.cluster.name.clone(),
+                selected: chosen,
+                replicas: chosen.then_some(slot.replicas as i32),
+                reason: reason::render(slot, &context),
             });
         }
-        decisions.push(ClusterDecision {
-            cluster: slot.cluster.name.clone(),
-            selected: chosen,
-            replicas: chosen.then_some(slot.replicas as i32),
-            reason: reason::render(slot, &context),
-        });
-    }
-    PlacementResult {
-        targets,
-        decisions,
-        scheduled,
+        PlacementResult {
+            targets,
+            decisions,
+            scheduled: self.scheduled,
+        }
     }
 }
 

@@ -118,7 +118,8 @@ fn candidate(out: &mut String, slot: &Slot<'_>, context: &Context<'_>) {
         return;
     }
     let total = context.total;
-    if total == 0 {
+    let weighted = matches!(context.mode, Mode::Weighted { .. });
+    if total == 0 && !(weighted && slot.weight == 0) {
         out.push_str("selected: 0 replicas (the template has 0 replicas)");
         return;
     }
@@ -229,9 +230,7 @@ fn push_unsigned(out: &mut String, value: u64) {
             break;
         }
     }
-    for &digit in &digits[position..] {
-        out.push(char::from(digit));
-    }
+    out.push_str(std::str::from_utf8(&digits[position..]).expect("ASCII digits"));
 }
 
 #[cfg(test)]

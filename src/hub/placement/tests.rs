@@ -792,7 +792,11 @@ fn all_weights_zero_is_unschedulable() {
 
 #[test]
 fn scaled_to_zero_keeps_every_candidate_with_zero_replicas() {
-    let result = run(&weighted(&[("east", 2), ("west", 1)]), 0, &three());
+    let result = run(
+        &weighted(&[("east", 2), ("north", 1), ("west", 1)]),
+        0,
+        &three(),
+    );
     assert_eq!(result.scheduled, Ok(()));
     assert_eq!(targets(&result), [("east", 0), ("north", 0), ("west", 0)]);
     assert_eq!(
@@ -1084,4 +1088,108 @@ fn the_same_request_gives_the_same_result() {
     }
     assert_eq!(first.decisions.len(), 20);
     assert_eq!(first.targets.iter().map(|t| t.replicas).sum::<i32>(), 17);
+}
+
+// ---- the example in docs/placement.md ----
+
+#[test]
+fn the_documented_example_table() {
+    let clusters = vec![
+        cluster("east", "zone-a"),
+        not_ready(cluster("north", "zone-c"), 10),
+        cluster("south", "zone-d"),
+        cluster("west", "zone-b"),
+    ];
+    let mut placement = weighted(&[("east", 2), ("west", 1), ("north", 1)]);
+    placement.cluster_affinity = Some(ClusterAffinity {
+        zones: vec!["zone-a".into(), "zone-b".into(), "zone-c".into()],
+        ..ClusterAffinity::default()
+    });
+    let result = run(&placement, 6, &clusters);
+    let rows: Vec<(&str, bool, Option<i32>, &str)> = result
+        .decisions
+        .iter()
+        .map(|d| {
+            (
+                d.cluster.as_str(),
+                d.selected,
+                d.replicas,
+                d.reason.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("east", true, Some(4), "selected: weight 2, 4 of 6 replicas"),
+            (
+                "north",
+                false,
+                None,
+                "taint federation.example.com/unreachable:NoExecute not tolerated"
+            ),
+            (
+                "south",
+                false,
+                None,
+                "zone zone-d not in clusterAffinity.zones"
+            ),
+            ("west", true, Some(2), "selected: weight 1, 2 of 6 replicas"),
+        ]
+    );
+}
+
+// ---- decide: the lazy form ----
+
+#[test]
+fn decide_then_render_equals_place() {
+    let placement = weighted(&[("east", 2), ("west", 1)]);
+    let clusters = three();
+    let request = PlacementRequest {
+        placement: &placement,
+        replicas: 6,
+        divisible: true,
+        uid: UID,
+        clusters: &clusters,
+        current: &[],
+        now: now(),
+    };
+    let decision = decide(&request);
+    let result = place(&request);
+    assert_eq!(decision.scheduled(), Ok(()));
+    assert_eq!(decision.targets(), result.targets);
+    assert_eq!(decision.decisions(), result.decisions);
+    assert_eq!(decision.into_result(), result);
+}
+
+#[test]
+fn has_targets_tells_whether_a_write_is_needed() {
+    let placement = weighted(&[("east", 2), ("west", 1)]);
+    let clusters = three();
+    let request = PlacementRequest {
+        placement: &placement,
+        replicas: 6,
+        divisible: true,
+        uid: UID,
+        clusters: &clusters,
+        current: &[],
+        now: now(),
+    };
+    let decision = decide(&request);
+    assert!(decision.has_targets(&current(&[("east", 4), ("west", 2)])));
+    assert!(decision.has_targets(&current(&[("west", 2), ("east", 4)])));
+    assert!(!decision.has_targets(&current(&[("east", 3), ("west", 3)])));
+    assert!(!decision.has_targets(&current(&[("east", 4)])));
+    assert!(!decision.has_targets(&current(&[("east", 4), ("north", 0), ("west", 2)])));
+    assert!(!decision.has_targets(&[]));
+}
+
+#[test]
+fn scaled_to_zero_leaves_weight_zero_clusters_out() {
+    let result = run(&weighted(&[("east", 2), ("west", 1)]), 0, &three());
+    assert_eq!(targets(&result), [("east", 0), ("west", 0)]);
+    assert_eq!(
+        reason(&result, "north"),
+        "weight 0: no staticWeightList entry matches"
+    );
 }
