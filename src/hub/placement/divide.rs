@@ -36,6 +36,7 @@
 //! seats at the boundary. The result is identical to the seat-by-seat definition (the
 //! tests compare the two), and the cost is O(n log n) whatever the total.
 
+use std::cell::Cell;
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
 
@@ -69,12 +70,38 @@ pub fn stable_hash(uid: &str, cluster: &str) -> u64 {
 }
 
 /// One cluster taking part in a division.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Party<'a> {
     pub name: &'a str,
     pub weight: u64,
-    /// [`stable_hash`] of the template UID and `name`.
-    pub hash: u64,
+    /// [`stable_hash_prefix`] of the template UID.
+    prefix: u64,
+    /// [`stable_hash`] of the UID and `name`, computed the first time a tie needs it:
+    /// with distinct weights ties are rare, and hashing every name would cost more than
+    /// the division.
+    hash: Cell<Option<u64>>,
+}
+
+impl<'a> Party<'a> {
+    pub(crate) fn new(name: &'a str, weight: u64, prefix: u64) -> Self {
+        Party {
+            name,
+            weight,
+            prefix,
+            hash: Cell::new(None),
+        }
+    }
+
+    fn hash(&self) -> u64 {
+        match self.hash.get() {
+            Some(hash) => hash,
+            None => {
+                let hash = stable_hash_with_prefix(self.prefix, self.name);
+                self.hash.set(Some(hash));
+                hash
+            }
+        }
+    }
 }
 
 /// Shares `total` replicas out over `weights` (cluster name, weight) by the Webster /
@@ -92,73 +119,65 @@ pub fn divide_by_weight(total: u32, weights: &[(&str, u64)], uid: &str) -> Vec<u
     let prefix = stable_hash_prefix(uid);
     let parties: Vec<Party<'_>> = weights
         .iter()
-        .map(|&(name, weight)| Party {
-            name,
-            weight,
-            hash: stable_hash_with_prefix(prefix, name),
-        })
+        .map(|&(name, weight)| Party::new(name, weight, prefix))
         .collect();
     divide(total, &parties)
 }
 
 /// One seat of one party: its `k`-th seat (0-based). Ordered so that `Greater` means
-/// "handed out earlier".
+/// "handed out earlier". Small (a reference and two integers) because the heaps move it.
 #[derive(Clone, Copy, Debug)]
-struct Seat<'a> {
-    party: usize,
+struct Seat<'s, 'a> {
+    party: &'s Party<'a>,
+    index: usize,
     k: u64,
-    weight: u64,
-    hash: u64,
-    name: &'a str,
 }
 
-impl<'a> Seat<'a> {
-    fn of(parties: &[Party<'a>], party: usize, k: u64) -> Self {
-        let p = &parties[party];
+impl<'s, 'a> Seat<'s, 'a> {
+    fn of(parties: &'s [Party<'a>], index: usize, k: u64) -> Self {
         Seat {
-            party,
+            party: &parties[index],
+            index,
             k,
-            weight: p.weight,
-            hash: p.hash,
-            name: p.name,
         }
     }
 }
 
-impl PartialEq for Seat<'_> {
+impl PartialEq for Seat<'_, '_> {
     fn eq(&self, other: &Self) -> bool {
         self.cmp(other) == Ordering::Equal
     }
 }
 
-impl Eq for Seat<'_> {}
+impl Eq for Seat<'_, '_> {}
 
-impl PartialOrd for Seat<'_> {
+impl PartialOrd for Seat<'_, '_> {
     fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
         Some(self.cmp(other))
     }
 }
 
-impl Ord for Seat<'_> {
+impl Ord for Seat<'_, '_> {
     fn cmp(&self, other: &Self) -> Ordering {
+        let (mine, theirs) = (self.party, other.party);
         // First seats (k = 0) have divisor 0: before every later seat, and among
         // themselves ordered by weight.
         let priority = match (self.k == 0, other.k == 0) {
             (true, false) => Ordering::Greater,
             (false, true) => Ordering::Less,
-            (true, true) => self.weight.cmp(&other.weight),
+            (true, true) => mine.weight.cmp(&theirs.weight),
             // weight_a / (2ka + 1) vs weight_b / (2kb + 1), exactly.
             (false, false) => {
-                let left = u128::from(self.weight) * u128::from(2 * other.k + 1);
-                let right = u128::from(other.weight) * u128::from(2 * self.k + 1);
+                let left = u128::from(mine.weight) * u128::from(2 * other.k + 1);
+                let right = u128::from(theirs.weight) * u128::from(2 * self.k + 1);
                 left.cmp(&right)
             }
         };
         priority
             .then_with(|| other.k.cmp(&self.k))
-            .then_with(|| other.hash.cmp(&self.hash))
-            .then_with(|| other.name.cmp(self.name))
-            .then_with(|| other.party.cmp(&self.party))
+            .then_with(|| theirs.hash().cmp(&mine.hash()))
+            .then_with(|| theirs.name.cmp(mine.name))
+            .then_with(|| other.index.cmp(&self.index))
     }
 }
 
@@ -176,13 +195,14 @@ pub(crate) fn divide(total: u32, parties: &[Party<'_>]) -> Vec<u32> {
 
     // Fewer replicas than positive weights: the first seats, largest weights first.
     if total_u64 <= positive_count {
-        let mut first: Vec<Seat<'_>> = positive.iter().map(|&i| Seat::of(parties, i, 0)).collect();
+        let mut first: Vec<Seat<'_, '_>> =
+            positive.iter().map(|&i| Seat::of(parties, i, 0)).collect();
         let take = total as usize;
         if take < first.len() {
             first.select_nth_unstable_by(take - 1, |a, b| b.cmp(a));
         }
         for seat in &first[..take] {
-            seats[seat.party] = 1;
+            seats[seat.index] = 1;
         }
         return seats;
     }
@@ -214,7 +234,7 @@ pub(crate) fn divide(total: u32, parties: &[Party<'_>]) -> Vec<u32> {
     match handed.cmp(&remaining) {
         Ordering::Less => {
             // Add the best next seats.
-            let mut next: BinaryHeap<Seat<'_>> = positive
+            let mut next: BinaryHeap<Seat<'_, '_>> = positive
                 .iter()
                 .map(|&i| Seat::of(parties, i, u64::from(seats[i])))
                 .collect();
@@ -222,25 +242,25 @@ pub(crate) fn divide(total: u32, parties: &[Party<'_>]) -> Vec<u32> {
                 let best = next
                     .pop()
                     .expect("a positive weight always has a next seat");
-                seats[best.party] += 1;
-                next.push(Seat::of(parties, best.party, u64::from(seats[best.party])));
+                seats[best.index] += 1;
+                next.push(Seat::of(parties, best.index, u64::from(seats[best.index])));
             }
         }
         Ordering::Greater => {
             // Take back the worst later seats handed out.
-            let mut last: BinaryHeap<Reverse<Seat<'_>>> = positive
+            let mut last: BinaryHeap<Reverse<Seat<'_, '_>>> = positive
                 .iter()
                 .filter(|&&i| seats[i] >= 2)
                 .map(|&i| Reverse(Seat::of(parties, i, u64::from(seats[i]) - 1)))
                 .collect();
             for _ in remaining..handed {
                 let Reverse(worst) = last.pop().expect("more later seats than needed");
-                seats[worst.party] -= 1;
-                if seats[worst.party] >= 2 {
+                seats[worst.index] -= 1;
+                if seats[worst.index] >= 2 {
                     last.push(Reverse(Seat::of(
                         parties,
-                        worst.party,
-                        u64::from(seats[worst.party]) - 1,
+                        worst.index,
+                        u64::from(seats[worst.index]) - 1,
                     )));
                 }
             }
@@ -293,13 +313,10 @@ mod tests {
 
     /// The textbook definition: hand out seats one at a time to the best next seat.
     fn divide_seat_by_seat(total: u32, weights: &[(&str, u64)], uid: &str) -> Vec<u32> {
+        let prefix = stable_hash_prefix(uid);
         let parties: Vec<Party<'_>> = weights
             .iter()
-            .map(|&(name, weight)| Party {
-                name,
-                weight,
-                hash: stable_hash(uid, name),
-            })
+            .map(|&(name, weight)| Party::new(name, weight, prefix))
             .collect();
         let mut seats = vec![0u32; parties.len()];
         if parties.iter().all(|p| p.weight == 0) {
@@ -311,7 +328,7 @@ mod tests {
                 .map(|i| Seat::of(&parties, i, u64::from(seats[i])))
                 .max()
                 .unwrap();
-            seats[best.party] += 1;
+            seats[best.index] += 1;
         }
         seats
     }

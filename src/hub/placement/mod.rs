@@ -329,15 +329,7 @@ fn divide_weighted(uid: &str, total: u32, slots: &mut [Slot<'_>]) -> Result<(), 
     for (index, slot) in slots.iter().enumerate() {
         if slot.is_candidate() {
             members.push(index);
-            parties.push(Party {
-                name: &slot.cluster.name,
-                weight: slot.weight,
-                hash: if slot.weight > 0 {
-                    divide::stable_hash_with_prefix(prefix, &slot.cluster.name)
-                } else {
-                    0
-                },
-            });
+            parties.push(Party::new(&slot.cluster.name, slot.weight, prefix));
         }
     }
     if parties.iter().all(|p| p.weight == 0) {

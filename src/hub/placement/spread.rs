@@ -1,5 +1,6 @@
 //! Spread constraints: between minGroups and maxGroups zones, regions or clusters.
 
+use super::candidates::same;
 use super::{Slot, State};
 use crate::api::propagation_policy::{SpreadByField, SpreadConstraint};
 
@@ -82,7 +83,7 @@ pub(crate) fn choose_groups<'a>(
             let existing = if field == SpreadByField::Cluster {
                 None
             } else {
-                names.iter().position(|name| *name == key)
+                names.iter().position(|name| same(name, key))
             };
             let id = existing.unwrap_or_else(|| {
                 names.push(key);
