@@ -14,7 +14,21 @@ use crate::api::propagation_policy::{ClusterAffinity, ClusterTarget};
 /// comparison itself at these lengths.
 #[inline]
 pub(crate) fn same(a: &str, b: &str) -> bool {
-    a.len() == b.len() && a.bytes().zip(b.bytes()).all(|(x, y)| x == y)
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let length = a.len();
+    if length != b.len() {
+        return false;
+    }
+    // Two overlapping word loads cover the whole string: first and last 4 or 8 bytes.
+    let word4 = |s: &[u8], at: usize| u32::from_ne_bytes([s[at], s[at + 1], s[at + 2], s[at + 3]]);
+    let word8 =
+        |s: &[u8], at: usize| u64::from_ne_bytes(s[at..at + 8].try_into().expect("8 bytes"));
+    match length {
+        0..=3 => a.iter().zip(b).all(|(x, y)| x == y),
+        4..=8 => word4(a, 0) == word4(b, 0) && word4(a, length - 4) == word4(b, length - 4),
+        9..=16 => word8(a, 0) == word8(b, 0) && word8(a, length - 8) == word8(b, length - 8),
+        _ => a == b,
+    }
 }
 
 /// Whether `list` holds `value` (see [`same`]).
@@ -596,6 +610,35 @@ mod tests {
             &selector(&[("env", "prod")], vec![requirement("gpu", "Exists", &[])]),
             &cluster
         ));
+    }
+
+    #[test]
+    fn same_agrees_with_string_equality() {
+        let words = [
+            "",
+            "a",
+            "ab",
+            "abc",
+            "abd",
+            "abcd",
+            "abce",
+            "zone-a",
+            "zone-b",
+            "member-01",
+            "member-02",
+            "nember-01",
+            "member-001",
+            "provider-12345678",
+            "provider-12345679",
+            "xprovider-1234567",
+            "federation.example.com/unreachable",
+            "federation.example.com/unreachablf",
+        ];
+        for a in words {
+            for b in words {
+                assert_eq!(same(a, b), a == b, "{a:?} vs {b:?}");
+            }
+        }
     }
 
     #[test]
