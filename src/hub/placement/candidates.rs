@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::{Taint, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 
 use super::ClusterView;
-use crate::api::propagation_policy::{ClusterAffinity, ClusterTarget};
+use crate::api::propagation_policy::{ClusterAffinity, StaticClusterWeight};
 
 /// String equality for the short names, zones and label values placement compares by the
 /// thousand: inlined byte comparison instead of a `memcmp` call, which costs more than the
@@ -336,8 +336,13 @@ fn requirement_matches(
 }
 
 /// Whether a staticWeightList target matches a cluster: every non-empty field must match;
-/// an empty target matches every cluster.
-pub(crate) fn target_matches(target: &ClusterTarget, cluster: &ClusterView) -> bool {
+/// an empty target matches every cluster. The plain statement of the rule that
+/// [`WeightTargets`] implements faster; the tests hold one against the other.
+#[cfg(test)]
+fn target_matches(
+    target: &crate::api::propagation_policy::ClusterTarget,
+    cluster: &ClusterView,
+) -> bool {
     (target.cluster_names.is_empty() || listed(&target.cluster_names, &cluster.name))
         && target
             .label_selector
@@ -346,9 +351,127 @@ pub(crate) fn target_matches(target: &ClusterTarget, cluster: &ClusterView) -> b
         && (target.zones.is_empty() || listed(&target.zones, &cluster.zone))
 }
 
+/// A staticWeightList prepared once per placement: every label key its selectors use is
+/// looked up once per cluster (not once per entry), and the selectors' maps are flattened
+/// into slices. Gives the same answer as checking each entry's target in turn (every
+/// non-empty field must match; an empty target matches every cluster).
+pub(crate) struct WeightTargets<'a> {
+    entries: Vec<CompiledTarget<'a>>,
+    keys: Vec<&'a str>,
+    match_labels: Vec<(usize, &'a str)>,
+    expressions: Vec<(usize, Operator, &'a [String])>,
+}
+
+struct CompiledTarget<'a> {
+    names: &'a [String],
+    zones: &'a [String],
+    /// Ranges into `match_labels` and `expressions`; None = no labelSelector.
+    selector: Option<(std::ops::Range<usize>, std::ops::Range<usize>)>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Operator {
+    In,
+    NotIn,
+    Exists,
+    DoesNotExist,
+    Unknown,
+}
+
+impl<'a> WeightTargets<'a> {
+    pub(crate) fn new(list: &'a [StaticClusterWeight]) -> Self {
+        let mut targets = WeightTargets {
+            entries: Vec::with_capacity(list.len()),
+            keys: Vec::new(),
+            match_labels: Vec::new(),
+            expressions: Vec::new(),
+        };
+        for entry in list {
+            let target = &entry.target_cluster;
+            let selector = target.label_selector.as_ref().map(|selector| {
+                let labels_start = targets.match_labels.len();
+                for (key, value) in selector.match_labels.iter().flatten() {
+                    let key = targets.key(key);
+                    targets.match_labels.push((key, value));
+                }
+                let expressions_start = targets.expressions.len();
+                for requirement in selector.match_expressions.iter().flatten() {
+                    let key = targets.key(&requirement.key);
+                    let operator = match requirement.operator.as_str() {
+                        "In" => Operator::In,
+                        "NotIn" => Operator::NotIn,
+                        "Exists" => Operator::Exists,
+                        "DoesNotExist" => Operator::DoesNotExist,
+                        _ => Operator::Unknown,
+                    };
+                    let values = requirement.values.as_deref().unwrap_or_default();
+                    targets.expressions.push((key, operator, values));
+                }
+                (
+                    labels_start..targets.match_labels.len(),
+                    expressions_start..targets.expressions.len(),
+                )
+            });
+            targets.entries.push(CompiledTarget {
+                names: &target.cluster_names,
+                zones: &target.zones,
+                selector,
+            });
+        }
+        targets
+    }
+
+    fn key(&mut self, key: &'a str) -> usize {
+        match self.keys.iter().position(|k| same(k, key)) {
+            Some(index) => index,
+            None => {
+                self.keys.push(key);
+                self.keys.len() - 1
+            }
+        }
+    }
+
+    /// The index of the first entry matching `cluster`. `values` is scratch space, reused
+    /// across clusters to avoid an allocation per cluster.
+    pub(crate) fn first_match<'c>(
+        &self,
+        cluster: &'c ClusterView,
+        values: &mut Vec<Option<&'c str>>,
+    ) -> Option<usize> {
+        values.clear();
+        values.extend(
+            self.keys
+                .iter()
+                .map(|key| label_value(&cluster.labels, key)),
+        );
+        self.entries.iter().position(|entry| {
+            (entry.names.is_empty() || listed(entry.names, &cluster.name))
+                && (entry.zones.is_empty() || listed(entry.zones, &cluster.zone))
+                && entry.selector.as_ref().is_none_or(|(labels, expressions)| {
+                    self.match_labels[labels.clone()]
+                        .iter()
+                        .all(|&(key, value)| values[key].is_some_and(|v| same(v, value)))
+                        && self.expressions[expressions.clone()].iter().all(
+                            |&(key, operator, list)| {
+                                let value = values[key];
+                                match operator {
+                                    Operator::In => value.is_some_and(|v| listed(list, v)),
+                                    Operator::NotIn => value.is_none_or(|v| !listed(list, v)),
+                                    Operator::Exists => value.is_some(),
+                                    Operator::DoesNotExist => value.is_none(),
+                                    Operator::Unknown => false,
+                                }
+                            },
+                        )
+                })
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::propagation_policy::ClusterTarget;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     const NOW: i64 = 1_800_000_000_000;
@@ -610,6 +733,93 @@ mod tests {
             &selector(&[("env", "prod")], vec![requirement("gpu", "Exists", &[])]),
             &cluster
         ));
+    }
+
+    #[test]
+    fn compiled_weight_targets_agree_with_target_matches() {
+        let selector = |match_labels: &[(&str, &str)],
+                        expressions: Vec<LabelSelectorRequirement>| {
+            Some(LabelSelector {
+                match_labels: (!match_labels.is_empty()).then(|| labels(match_labels)),
+                match_expressions: (!expressions.is_empty()).then_some(expressions),
+            })
+        };
+        let target = |names: &[&str], label_selector, zones: &[&str]| StaticClusterWeight {
+            target_cluster: ClusterTarget {
+                cluster_names: names.iter().map(|n| n.to_string()).collect(),
+                label_selector,
+                zones: zones.iter().map(|z| z.to_string()).collect(),
+            },
+            weight: 1,
+        };
+        let list = vec![
+            target(&["east"], None, &["zone-b"]),
+            target(
+                &[],
+                selector(
+                    &[("env", "prod")],
+                    vec![requirement("tier", "In", &["gold"])],
+                ),
+                &[],
+            ),
+            target(
+                &[],
+                selector(
+                    &[],
+                    vec![
+                        requirement("tier", "NotIn", &["gold"]),
+                        requirement("gpu", "Exists", &[]),
+                    ],
+                ),
+                &[],
+            ),
+            target(
+                &[],
+                selector(
+                    &[],
+                    vec![
+                        requirement("gpu", "DoesNotExist", &[]),
+                        requirement("env", "Like", &[]),
+                    ],
+                ),
+                &[],
+            ),
+            target(
+                &["west", "north"],
+                selector(&[("env", "dev")], vec![]),
+                &["zone-a", "zone-c"],
+            ),
+            target(&[], None, &["zone-a"]),
+        ];
+        let compiled = WeightTargets::new(&list);
+        let label_sets = [
+            labels(&[]),
+            labels(&[("env", "prod"), ("tier", "gold")]),
+            labels(&[("env", "prod"), ("tier", "silver"), ("gpu", "a100")]),
+            labels(&[("env", "dev")]),
+            labels(&[("env", "dev"), ("gpu", "x")]),
+        ];
+        for name in ["east", "west", "north"] {
+            for zone in ["zone-a", "zone-b", "zone-c"] {
+                for label_set in &label_sets {
+                    let cluster = ClusterView {
+                        name: name.into(),
+                        zone: zone.into(),
+                        labels: label_set.clone(),
+                        ..ClusterView::default()
+                    };
+                    let mut values = Vec::new();
+                    let expected = list
+                        .iter()
+                        .position(|entry| target_matches(&entry.target_cluster, &cluster));
+                    assert_eq!(
+                        compiled.first_match(&cluster, &mut values),
+                        expected,
+                        "{name} {zone} {label_set:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -261,8 +261,11 @@ fn schedule(
             .as_ref()
             .and_then(|s| s.weight_preference.as_ref())
             .map_or(&[][..], |w| &w.static_weight_list[..]);
+        let targets = (!list.is_empty()).then(|| candidates::WeightTargets::new(list));
+        let mut values = Vec::new();
         for slot in slots.iter_mut().filter(|s| s.is_candidate()) {
-            (slot.weight, slot.weight_source) = weight_of(slot.cluster, list, dynamic);
+            (slot.weight, slot.weight_source) =
+                weight_of(slot.cluster, list, targets.as_ref(), &mut values, dynamic);
         }
     }
 
@@ -289,10 +292,13 @@ fn schedule(
     spread::check_after_division(&groups, slots, total)
 }
 
-/// The weight of a candidate and where it came from.
-fn weight_of(
-    cluster: &ClusterView,
+/// The weight of a candidate and where it came from. `targets` is the prepared
+/// staticWeightList (None when there is none); `values` is its scratch space.
+fn weight_of<'c>(
+    cluster: &'c ClusterView,
     list: &[StaticClusterWeight],
+    targets: Option<&candidates::WeightTargets<'_>>,
+    values: &mut Vec<Option<&'c str>>,
     dynamic: bool,
 ) -> (u64, WeightSource) {
     if dynamic && let Some(available) = cluster.available_replicas {
@@ -301,17 +307,18 @@ fn weight_of(
             WeightSource::Available,
         );
     }
-    let (weight, source) = if list.is_empty() {
-        (1, StaticSource::Uniform)
-    } else {
-        list.iter()
-            .position(|entry| candidates::target_matches(&entry.target_cluster, cluster))
-            .map_or((0, StaticSource::NoEntry), |index| {
-                (
-                    u64::try_from(list[index].weight).unwrap_or(0),
-                    StaticSource::Entry(index),
-                )
-            })
+    let (weight, source) = match targets {
+        None => (1, StaticSource::Uniform),
+        Some(targets) => {
+            targets
+                .first_match(cluster, values)
+                .map_or((0, StaticSource::NoEntry), |index| {
+                    (
+                        u64::try_from(list[index].weight).unwrap_or(0),
+                        StaticSource::Entry(index),
+                    )
+                })
+        }
     };
     let source = match (dynamic, source) {
         (true, source) => WeightSource::AvailableUnknown(source),
