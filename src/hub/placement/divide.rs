@@ -218,8 +218,12 @@ pub(crate) fn divide(total: u32, parties: &[Party<'_>]) -> Vec<u32> {
     let mut handed: u64 = 0;
     for &i in &positive {
         let scaled = 2 * u128::from(total) * u128::from(parties[i].weight);
-        // Largest m with m·W < scaled; later seats k >= 1 have odd divisors 3..=m.
-        let largest_divisor = (scaled - 1) / weight_sum;
+        // Largest m with m·W < scaled; later seats k >= 1 have odd divisors 3..=m. In u64
+        // when the numbers fit (nearly always): a u128 division is a slow library call.
+        let largest_divisor = match (u64::try_from(scaled), u64::try_from(weight_sum)) {
+            (Ok(scaled), Ok(weight_sum)) => u128::from((scaled - 1) / weight_sum),
+            _ => (scaled - 1) / weight_sum,
+        };
         // Below total (quota 2·total·w/W halved), so `1 + later` fits in u32. Not capped at
         // `remaining`: a capped set would no longer be a prefix of the seat order.
         let later = if largest_divisor >= 3 {
