@@ -5,11 +5,11 @@
 //! contract.
 //!
 //! The pipeline, one function per step:
-//! 1. candidates ([`candidates`]): clusterAffinity, readiness, taints vs tolerations;
+//! 1. candidates (`candidates.rs`): clusterAffinity, readiness, taints vs tolerations;
 //! 2. weights: static list, dynamic (available replicas), or 1 each;
-//! 3. spread constraints ([`spread`]): pick zones/regions/clusters within min/max groups;
-//! 4. replicas ([`divide`]): Duplicated, Divided/Weighted (Webster), Divided/Aggregated;
-//! 5. explanation ([`reason`]): one [`ClusterDecision`] per known cluster.
+//! 3. spread constraints (`spread.rs`): pick zones/regions/clusters within min/max groups;
+//! 4. replicas (`divide.rs`): Duplicated, Divided/Weighted (Webster), Divided/Aggregated;
+//! 5. explanation (`reason.rs`): one [`ClusterDecision`] per known cluster.
 
 mod candidates;
 mod divide;
