@@ -47,3 +47,7 @@ lab-up: lab-binaries
 
 lab-down:
 	$(LAB) down
+
+## bench: the placement kernel benchmark (prints decisions per second; see docs/placement.md)
+bench:
+	$(CARGO) bench --bench placement -- --warm-up-time 1 --measurement-time 3

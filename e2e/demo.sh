@@ -63,6 +63,19 @@ for member in east west north; do
   port=$((port + 1))
 done
 
+# What the hub will do with the sample policy (placement from the hub arrives with its
+# issue; `bulkhead plan` runs the same code offline, docs/placement.md).
+cat >"$lab_dir/demo-web.yaml" <<'YAML'
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: shop}
+spec: {replicas: 6}
+YAML
+echo
+echo "== bulkhead plan: the sample policy over the joined clusters, and if zone-a fails"
+"$bulkhead" plan -f config/samples/propagationpolicy.yaml -f config/samples/mydatabase.yaml \
+  -f "$lab_dir/demo-web.yaml" --clusters-from-hub --kubeconfig "$hub_kubeconfig" --fail zone-a
+
 # A MyDatabase in east, run by east's agent. (Placing it from the hub arrives with the
 # placement issue.) Then the partition drill: cut east off, watch its database fence
 # itself read-only while the zone keeps serving reads, heal, watch it return.

@@ -4,6 +4,7 @@ pub mod agent_install;
 pub mod crd;
 pub mod get;
 pub mod join;
+pub mod plan;
 
 use clap::{Parser, Subcommand};
 
@@ -40,6 +41,9 @@ pub enum Command {
     Agent(AgentOptions),
     /// Serve validating and mutating admission over TLS and install the webhook configurations.
     Webhook(crate::webhook::WebhookOptions),
+    /// Run the hub's placement offline on policy, template and cluster files, and show what
+    /// a zone or cluster failure would change.
+    Plan(plan::PlanOptions),
     /// Print Bulkhead's CustomResourceDefinitions as YAML, or write/check them in a directory.
     Crd(crd::CrdOptions),
     /// Register a member cluster with the hub: RBAC and a service account in the member,
@@ -58,6 +62,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Hub(options) => crate::hub::run(options).await?,
         Command::Agent(options) => crate::agent::run(options).await?,
         Command::Webhook(options) => crate::webhook::run(options).await?,
+        Command::Plan(options) => plan::run(&options).await?,
         Command::Crd(options) => crd::run(&options)?,
         Command::Join(options) => join::join(&options).await?,
         Command::Unjoin(options) => join::unjoin(&options).await?,

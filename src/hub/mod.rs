@@ -11,6 +11,7 @@ pub mod aggregate;
 pub mod capacity;
 pub mod disruption;
 pub mod health;
+pub mod kinds;
 pub mod lease;
 pub mod matching;
 pub mod members;
