@@ -9,6 +9,7 @@
 
 pub mod aggregate;
 pub mod capacity;
+pub mod copies;
 pub mod disruption;
 pub mod health;
 pub mod kinds;

@@ -1,0 +1,215 @@
+//! Member copies of hub templates (DESIGN.md section 4), pure: what the hub server-side
+//! applies to a member, whether an object already there is ours, and whether it already
+//! matches (so an unchanged copy costs no write).
+
+use serde_json::{Map, Value};
+
+use crate::api::propagation_policy::ConflictResolution;
+use crate::api::{LABEL_BINDING, LABEL_MANAGED_BY};
+use crate::hub::kinds::is_divisible;
+
+/// Value of the managed-by label on every copy.
+pub const MANAGED_BY: &str = "bulkhead";
+
+/// Metadata fields that belong to the hub's copy of the object, not to the template.
+const SERVER_METADATA: [&str; 9] = [
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "managedFields",
+    "ownerReferences",
+    "finalizers",
+];
+
+/// The binding label value: `<namespace>.<name>`.
+pub fn binding_label(namespace: &str, name: &str) -> String {
+    format!("{namespace}.{name}")
+}
+
+/// The object the hub applies to a member: the template without server-owned metadata,
+/// status or hub finalizers, with the managed-by and binding labels, and `spec.replicas`
+/// set to the cluster's share for divided kinds.
+pub fn member_copy(template: &Value, binding: &str, replicas: Option<i32>) -> Value {
+    let mut copy = Map::new();
+    copy.insert("apiVersion".into(), template["apiVersion"].clone());
+    copy.insert("kind".into(), template["kind"].clone());
+    let mut metadata = template["metadata"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    for field in SERVER_METADATA {
+        metadata.remove(field);
+    }
+    if let Some(annotations) = metadata
+        .get_mut("annotations")
+        .and_then(Value::as_object_mut)
+    {
+        annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
+        if annotations.is_empty() {
+            metadata.remove("annotations");
+        }
+    }
+    let labels = metadata
+        .entry("labels")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if let Some(labels) = labels.as_object_mut() {
+        labels.insert(LABEL_MANAGED_BY.into(), Value::String(MANAGED_BY.into()));
+        labels.insert(LABEL_BINDING.into(), Value::String(binding.into()));
+    }
+    copy.insert("metadata".into(), Value::Object(metadata));
+    for (key, value) in template.as_object().into_iter().flatten() {
+        if !matches!(key.as_str(), "apiVersion" | "kind" | "metadata" | "status") {
+            copy.insert(key.clone(), value.clone());
+        }
+    }
+    let api_version = template["apiVersion"].as_str().unwrap_or_default();
+    let kind = template["kind"].as_str().unwrap_or_default();
+    if let Some(replicas) = replicas
+        && is_divisible(api_version, kind)
+        && let Some(spec) = copy.get_mut("spec").and_then(Value::as_object_mut)
+    {
+        spec.insert("replicas".into(), Value::from(replicas));
+    }
+    Value::Object(copy)
+}
+
+/// Whether an object found in a member is one of ours.
+pub fn is_managed(existing: &Value) -> bool {
+    existing["metadata"]["labels"][LABEL_MANAGED_BY].as_str() == Some(MANAGED_BY)
+}
+
+/// What to do about an object of the same name already in a member.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ownership {
+    /// Nothing there, or ours: apply.
+    Apply,
+    /// Someone else's, and the policy says Overwrite: take it over.
+    TakeOver,
+    /// Someone else's under Abort: leave it alone and report this on the binding.
+    Conflict(String),
+}
+
+/// Decides about `existing` (None when the member has no such object).
+pub fn ownership(
+    existing: Option<&Value>,
+    resolution: ConflictResolution,
+    cluster: &str,
+) -> Ownership {
+    match existing {
+        None => Ownership::Apply,
+        Some(object) if is_managed(object) => Ownership::Apply,
+        Some(object) => match resolution {
+            ConflictResolution::Overwrite => Ownership::TakeOver,
+            ConflictResolution::Abort => Ownership::Conflict(format!(
+                "{} {}/{} already exists in {cluster} and is not managed by Bulkhead; left untouched (set conflictResolution: Overwrite to take it over)",
+                object["kind"].as_str().unwrap_or_default(),
+                object["metadata"]["namespace"].as_str().unwrap_or_default(),
+                object["metadata"]["name"].as_str().unwrap_or_default(),
+            )),
+        },
+    }
+}
+
+/// True when every field of `desired` has the same value in `existing` (fields others
+/// added, defaults and status are ignored): applying would change nothing.
+pub fn already_matches(desired: &Value, existing: &Value) -> bool {
+    match (desired, existing) {
+        (Value::Object(want), Value::Object(have)) => want.iter().all(|(key, value)| {
+            have.get(key)
+                .is_some_and(|present| already_matches(value, present))
+        }),
+        (Value::Array(want), Value::Array(have)) => {
+            want.len() == have.len() && want.iter().zip(have).all(|(w, h)| already_matches(w, h))
+        }
+        _ => desired == existing,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn template() -> Value {
+        json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {
+                "name": "web", "namespace": "shop", "uid": "u1", "resourceVersion": "42", "generation": 3,
+                "creationTimestamp": "2026-01-01T00:00:00Z", "finalizers": ["federation.example.com/cleanup"],
+                "managedFields": [{}], "labels": {"app": "web"},
+                "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}", "team": "a"}
+            },
+            "spec": {"replicas": 6, "template": {"spec": {"containers": [{"name": "web", "image": "nginx"}]}}},
+            "status": {"replicas": 6}
+        })
+    }
+
+    #[test]
+    fn copies_carry_what_the_hub_owns_and_nothing_server_side() {
+        let copy = member_copy(&template(), "shop.web", Some(4));
+        assert_eq!(copy["spec"]["replicas"], 4);
+        assert_eq!(copy["metadata"]["labels"]["app"], "web");
+        assert_eq!(copy["metadata"]["labels"][LABEL_MANAGED_BY], MANAGED_BY);
+        assert_eq!(copy["metadata"]["labels"][LABEL_BINDING], "shop.web");
+        assert_eq!(copy["metadata"]["annotations"], json!({"team": "a"}));
+        for field in SERVER_METADATA {
+            assert!(copy["metadata"].get(field).is_none(), "{field}");
+        }
+        assert!(copy.get("status").is_none());
+        assert_eq!(copy["spec"]["template"], template()["spec"]["template"]);
+    }
+
+    #[test]
+    fn duplicated_kinds_keep_their_spec() {
+        let config = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "n"}, "data": {"k": "v"}});
+        let copy = member_copy(&config, "n.c", Some(2));
+        assert_eq!(copy["data"]["k"], "v");
+        assert!(copy.get("spec").is_none());
+    }
+
+    #[test]
+    fn foreign_objects_are_conflicts_unless_overwrite() {
+        let ours = member_copy(&template(), "shop.web", Some(1));
+        let theirs = json!({"kind": "Deployment", "metadata": {"name": "web", "namespace": "shop", "labels": {"app": "web"}}});
+        assert_eq!(
+            ownership(None, ConflictResolution::Abort, "east"),
+            Ownership::Apply
+        );
+        assert_eq!(
+            ownership(Some(&ours), ConflictResolution::Abort, "east"),
+            Ownership::Apply
+        );
+        assert_eq!(
+            ownership(Some(&theirs), ConflictResolution::Overwrite, "east"),
+            Ownership::TakeOver
+        );
+        match ownership(Some(&theirs), ConflictResolution::Abort, "east") {
+            Ownership::Conflict(message) => assert!(
+                message.contains("Deployment shop/web already exists in east"),
+                "{message}"
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_unchanged_copy_needs_no_write() {
+        let desired = member_copy(&template(), "shop.web", Some(4));
+        let mut existing = desired.clone();
+        existing["metadata"]["uid"] = json!("member-uid");
+        existing["spec"]["progressDeadlineSeconds"] = json!(600);
+        existing["status"] = json!({"readyReplicas": 4});
+        assert!(
+            already_matches(&desired, &existing),
+            "server defaults and status do not count"
+        );
+        existing["spec"]["replicas"] = json!(3);
+        assert!(
+            !already_matches(&desired, &existing),
+            "a drifted replica count does"
+        );
+    }
+}
