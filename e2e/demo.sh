@@ -29,12 +29,17 @@ for member in east:zone-a:region-1 west:zone-b:region-1 north:zone-c:region-2; d
     --zone "$zone" --region "$region" --hub-kubeconfig "$hub_kubeconfig"
 done
 # Background processes, one pid file each in the lab directory (`make lab-down` stops them).
+# A process started from an older build of the binary is restarted.
 start_bg() {
   local name="$1"; shift
   local pid_file="$lab_dir/$name.pid"
-  if [[ -f "$pid_file" ]] && kill -0 "$(cat "$pid_file")" 2>/dev/null; then
+  if [[ -f "$pid_file" ]] && kill -0 "$(cat "$pid_file")" 2>/dev/null && [[ "$pid_file" -nt "$bulkhead" ]]; then
     echo "$name already runs (pid $(cat "$pid_file"))"
   else
+    if [[ -f "$pid_file" ]] && kill -0 "$(cat "$pid_file")" 2>/dev/null; then
+      kill "$(cat "$pid_file")" && sleep 1
+      echo "restarting $name: the binary was rebuilt"
+    fi
     nohup "$@" >"$lab_dir/$name.log" 2>&1 &
     echo $! >"$pid_file"
     echo "started $name (pid $!, log $lab_dir/$name.log)"
