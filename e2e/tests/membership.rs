@@ -14,6 +14,7 @@ use anyhow::{Context, Result, bail};
 use bulkhead::api::MemberCluster;
 use bulkhead::api::member_cluster::{TAINT_UNREACHABLE, ZoneState};
 use bulkhead_e2e::agent_support::{bulkhead_binary, free_port};
+use bulkhead_e2e::hub_support::{bulkhead, path};
 use bulkhead_e2e::lab::Lab;
 use bulkhead_e2e::support::{self, Partition, TestNamespace};
 use bulkhead_e2e::{Check, wait_for};
@@ -36,22 +37,10 @@ const PROBE_TIMEOUT: u64 = 1;
 const FAILURE_THRESHOLD: u64 = 3;
 const SUCCESS_THRESHOLD: u64 = 2;
 
-fn bulkhead(args: &[&str]) -> Result<Output> {
-    let output = Command::new(bulkhead_binary()?).args(args).output()?;
-    eprintln!(
-        "$ bulkhead {}\n{}{}",
-        args.join(" "),
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Ok(output)
-}
-
-fn path(p: &Path) -> String {
-    p.display().to_string()
-}
-
 fn join(lab: &Lab, name: &str, kubeconfig: &Path, zone: &str, region: &str) -> Result<Output> {
+    let hub = path(&lab.kubeconfig("hub"));
+    let (interval, timeout) = (PROBE_INTERVAL.to_string(), PROBE_TIMEOUT.to_string());
+    let (failures, successes) = (FAILURE_THRESHOLD.to_string(), SUCCESS_THRESHOLD.to_string());
     bulkhead(&[
         "join",
         name,
@@ -62,15 +51,15 @@ fn join(lab: &Lab, name: &str, kubeconfig: &Path, zone: &str, region: &str) -> R
         "--region",
         region,
         "--hub-kubeconfig",
-        &path(&lab.kubeconfig("hub")),
+        &hub,
         "--probe-interval-seconds",
-        &PROBE_INTERVAL.to_string(),
+        &interval,
         "--probe-timeout-seconds",
-        &PROBE_TIMEOUT.to_string(),
+        &timeout,
         "--failure-threshold",
-        &FAILURE_THRESHOLD.to_string(),
+        &failures,
         "--success-threshold",
-        &SUCCESS_THRESHOLD.to_string(),
+        &successes,
     ])
 }
 
@@ -650,15 +639,7 @@ async fn members_join_are_probed_tainted_zoned_leased_and_unjoin_cleanly() -> Re
 
     // Unjoin with clean-up leaves no Bulkhead objects in the members.
     for (name, _, _) in MEMBERS {
-        let output = bulkhead(&[
-            "unjoin",
-            name,
-            "--cleanup",
-            "--kubeconfig",
-            &path(&lab.kubeconfig(name)),
-            "--hub-kubeconfig",
-            &path(&lab.kubeconfig("hub")),
-        ])?;
+        let output = bulkhead_e2e::hub_support::unjoin(&lab, name)?;
         assert!(output.status.success(), "unjoin {name}");
         nothing_on_the_hub(&hub, name).await?;
         let member = lab.inside_client(name).await?;

@@ -19,6 +19,7 @@ pub mod members;
 pub mod metrics;
 pub mod placement;
 pub mod prober;
+pub mod scheduler;
 pub mod taints;
 pub mod tasks;
 pub mod zones;
@@ -239,8 +240,14 @@ pub async fn run_membership(
         shutdown.clone(),
     ));
 
+    let scheduler_task = tokio::spawn(scheduler::run(
+        process.client.clone(),
+        process.metrics.clone(),
+        shutdown.clone(),
+    ));
+
     shutdown.cancelled().await;
-    for task in [registry_task, probers, leases, zones_task] {
+    for task in [registry_task, probers, leases, zones_task, scheduler_task] {
         let abort = task.abort_handle();
         if tokio::time::timeout(2 * tasks::SHUTDOWN_GRACE, task)
             .await
