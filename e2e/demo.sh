@@ -10,6 +10,7 @@ e2e/k8s/build.sh
 e2e/lab up
 e2e/lab install-crds
 bin="$(e2e/k8s/build.sh --print)"
+kubectl_bin="$bin/kubectl"
 echo
 for cluster in hub east west north; do
   echo "== $cluster: Bulkhead CRDs"
@@ -80,6 +81,21 @@ echo
 echo "== bulkhead plan: the sample policy over the joined clusters, and if zone-a fails"
 "$bulkhead" plan -f config/samples/propagationpolicy.yaml -f config/samples/mydatabase.yaml \
   -f "$lab_dir/demo-web.yaml" --clusters-from-hub --kubeconfig "$hub_kubeconfig" --fail zone-a
+
+# The same on the hub for real: the scheduler writes one ResourceBinding per template
+# with the decision and a reason per cluster. (Propagating the copies to the members
+# arrives with its issue; the MyDatabase below in east is created there directly.)
+"$kubectl_bin" --kubeconfig "$hub_kubeconfig" create namespace shop --dry-run=client -o yaml | "$kubectl_bin" --kubeconfig "$hub_kubeconfig" apply -f - >/dev/null
+"$kubectl_bin" --kubeconfig "$hub_kubeconfig" apply -f config/samples/propagationpolicy.yaml -f config/samples/mydatabase.yaml >/dev/null
+for _ in $(seq 1 40); do
+  "$kubectl_bin" --kubeconfig "$hub_kubeconfig" -n shop get rb orders-mydatabase >/dev/null 2>&1 && break
+  sleep 0.5
+done
+echo
+echo "== hub: ResourceBinding shop/orders-mydatabase (the scheduler's decision)"
+"$kubectl_bin" --kubeconfig "$hub_kubeconfig" -n shop get rb
+"$kubectl_bin" --kubeconfig "$hub_kubeconfig" -n shop get rb orders-mydatabase \
+  -o jsonpath='{range .status.decisions[*]}  {.cluster}{"\t"}selected={.selected}{"\t"}{.reason}{"\n"}{end}'
 
 # A MyDatabase in east, run by east's agent. (Placing it from the hub arrives with the
 # placement issue.) Then the partition drill: cut east off, watch its database fence
