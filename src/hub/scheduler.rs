@@ -191,6 +191,26 @@ struct Stores {
     templates: Vec<(ApiResource, Store<DynamicObject>)>,
 }
 
+fn is_ready<K>(store: &Store<K>) -> bool
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    futures::FutureExt::now_or_never(store.wait_until_ready()).is_some_and(|ready| ready.is_ok())
+}
+
+impl Stores {
+    /// Every initial list is in. Deciding before that would rewrite bindings the hub has
+    /// simply not read yet (a restarted hub must be quiescent: zero writes).
+    fn ready(&self) -> bool {
+        is_ready(&self.policies)
+            && is_ready(&self.cluster_policies)
+            && is_ready(&self.members)
+            && is_ready(&self.bindings)
+            && self.templates.iter().all(|(_, store)| is_ready(store))
+    }
+}
+
 /// Runs the scheduler until shutdown.
 pub async fn run(hub: Client, metrics: Arc<Metrics>, shutdown: CancellationToken) {
     let mut streams = vec![];
@@ -258,6 +278,9 @@ pub async fn run(hub: Client, metrics: Arc<Metrics>, shutdown: CancellationToken
         // Let a burst of events settle into one pass.
         tokio::time::sleep(Duration::from_millis(100)).await;
         while let Some(Some(_)) = futures::FutureExt::now_or_never(changes.next()) {}
+        if !stores.ready() {
+            continue;
+        }
         let started = Instant::now();
         let writes = schedule_all(&hub, &stores).await;
         decisions.inc_by(writes);
