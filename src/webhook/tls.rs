@@ -71,11 +71,50 @@ impl CertificateAuthority {
 
     /// Issues a serving certificate for `sans` (IP addresses become IP SANs).
     pub fn issue(&self, sans: &[String]) -> Result<IssuedCertificate, TlsError> {
+        self.issue_server("bulkhead-webhook", sans)
+    }
+
+    /// Issues a serving certificate named `common_name` for `sans`.
+    pub fn issue_server(
+        &self,
+        common_name: &str,
+        sans: &[String],
+    ) -> Result<IssuedCertificate, TlsError> {
+        self.sign(common_name, None, sans, ExtendedKeyUsagePurpose::ServerAuth)
+    }
+
+    /// Issues a client certificate (`CN=common_name`, `O=organization`), as Kubernetes
+    /// reads user and group from them.
+    pub fn issue_client(
+        &self,
+        common_name: &str,
+        organization: Option<&str>,
+    ) -> Result<IssuedCertificate, TlsError> {
+        self.sign(
+            common_name,
+            organization,
+            &[],
+            ExtendedKeyUsagePurpose::ClientAuth,
+        )
+    }
+
+    fn sign(
+        &self,
+        common_name: &str,
+        organization: Option<&str>,
+        sans: &[String],
+        usage: ExtendedKeyUsagePurpose,
+    ) -> Result<IssuedCertificate, TlsError> {
         let mut params = CertificateParams::new(sans.to_vec())?;
         params
             .distinguished_name
-            .push(DnType::CommonName, "bulkhead-webhook");
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+            .push(DnType::CommonName, common_name);
+        if let Some(organization) = organization {
+            params
+                .distinguished_name
+                .push(DnType::OrganizationName, organization);
+        }
+        params.extended_key_usages = vec![usage];
         params.key_usages = vec![
             KeyUsagePurpose::DigitalSignature,
             KeyUsagePurpose::KeyEncipherment,
