@@ -72,6 +72,36 @@ impl Drop for Configurations {
     }
 }
 
+/// Retries a dry-run create until admission denies it with `fragment` (the webhook may
+/// still be starting or loading rules); returns the denial.
+async fn wait_for_denial<K>(api: &Api<K>, object: &K, fragment: &str) -> Result<String>
+where
+    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    wait_for(
+        &format!("a denial mentioning {fragment:?}"),
+        Duration::from_secs(30),
+        || async {
+            match api
+                .create(
+                    &PostParams {
+                        dry_run: true,
+                        ..Default::default()
+                    },
+                    object,
+                )
+                .await
+            {
+                Err(kube::Error::Api(status)) if status.message.contains(fragment) => {
+                    Check::Done(status.message.clone())
+                }
+                other => Check::Waiting(format!("{other:?}")),
+            }
+        },
+    )
+    .await
+}
+
 async fn label_namespace(
     client: &Client,
     namespace: &str,
@@ -208,32 +238,10 @@ async fn webhooks_validate_default_and_enforce_tenant_rules_through_real_apiserv
 
     let databases: Api<MyDatabase> = Api::namespaced(hub.clone(), ns);
     // The tenant's limit, enforced by the webhook (the schema allows 5).
-    let denial = wait_for(
-        "tenant rules loaded: replicas 5 denied",
-        Duration::from_secs(20),
-        || {
-            let databases = databases.clone();
-            async move {
-                match databases
-                    .create(
-                        &PostParams {
-                            dry_run: true,
-                            ..Default::default()
-                        },
-                        &database("big", 5).unwrap(),
-                    )
-                    .await
-                {
-                    Err(kube::Error::Api(status)) if status.message.contains("maxReplicas") => {
-                        Check::Done(status.message.clone())
-                    }
-                    other => Check::Waiting(format!("{other:?}")),
-                }
-            }
-        },
-    )
-    .await
-    .with_context(|| format!("webhook log:\n{}", webhook.log_text()))?;
+    // The rules load within a moment of the webhook starting.
+    let denial = wait_for_denial(&databases, &database("big", 5)?, "maxReplicas")
+        .await
+        .with_context(|| format!("webhook log:\n{}", webhook.log_text()))?;
     eprintln!("denial: {denial}");
     assert!(
         denial.contains(&format!("tenant {TENANT}")) && denial.contains("spec.replicas 5"),
@@ -587,35 +595,9 @@ async fn the_agent_can_serve_the_webhook_in_process() -> Result<()> {
         "spec": {"selector": {"matchLabels": {"a": "b"}}, "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c", "image": "x"}]}}}
     }))?;
     let statefulsets: Api<StatefulSet> = Api::namespaced(east.clone(), ns);
-    let message = wait_for(
-        "the agent's webhook denies a StatefulSet without serviceName",
-        Duration::from_secs(30),
-        || {
-            let statefulsets = statefulsets.clone();
-            let statefulset = statefulset.clone();
-            async move {
-                match statefulsets
-                    .create(
-                        &PostParams {
-                            dry_run: true,
-                            ..Default::default()
-                        },
-                        &statefulset,
-                    )
-                    .await
-                {
-                    Err(kube::Error::Api(status))
-                        if status.message.contains("spec.serviceName") =>
-                    {
-                        Check::Done(status.message.clone())
-                    }
-                    other => Check::Waiting(format!("{other:?}")),
-                }
-            }
-        },
-    )
-    .await
-    .with_context(|| format!("agent log:\n{}", agent.log_tail()))?;
+    let message = wait_for_denial(&statefulsets, &statefulset, "spec.serviceName")
+        .await
+        .with_context(|| format!("agent log:\n{}", agent.log_tail()))?;
     eprintln!("denial from the agent's in-process webhook: {message}");
     Ok(())
 }
@@ -668,35 +650,9 @@ async fn the_hub_can_serve_the_webhook_in_process() -> Result<()> {
         "spec": {"resourceSelectors": [{"apiVersion": "apps/v1", "kind": "Deployment"}],
                  "placement": {"clusterTolerations": [{"key": "k", "effect": "NoSchedule", "tolerationSeconds": 5}]}}
     }))?;
-    let message = wait_for(
-        "the hub's webhook denies a malformed toleration",
-        Duration::from_secs(30),
-        || {
-            let policies = policies.clone();
-            let weightless = weightless.clone();
-            async move {
-                match policies
-                    .create(
-                        &PostParams {
-                            dry_run: true,
-                            ..Default::default()
-                        },
-                        &weightless,
-                    )
-                    .await
-                {
-                    Err(kube::Error::Api(status))
-                        if status.message.contains("tolerationSeconds") =>
-                    {
-                        Check::Done(status.message.clone())
-                    }
-                    other => Check::Waiting(format!("{other:?}")),
-                }
-            }
-        },
-    )
-    .await
-    .with_context(|| format!("hub log:\n{}", hub_process.log_text()))?;
+    let message = wait_for_denial(&policies, &weightless, "tolerationSeconds")
+        .await
+        .with_context(|| format!("hub log:\n{}", hub_process.log_text()))?;
     eprintln!("denial from the hub's in-process webhook: {message}");
     Ok(())
 }
