@@ -374,3 +374,44 @@ async fn a_partition_times_out_from_outside_while_the_zone_keeps_working() -> Re
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn a_crashed_lab_is_cleaned_up_and_restarted_by_the_next_up() -> Result<()> {
+    let lab = support::lab().await?;
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(lab.root.join("state.json"))?)?;
+    let kwok = state["processes"]
+        .as_array()
+        .context("processes in state.json")?
+        .iter()
+        .find(|p| p["cluster"] == "north" && p["component"] == "kwok")
+        .and_then(|p| p["pid"].as_i64())
+        .context("north's kwok in state.json")?;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(kwok as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )?;
+    wait_for("north's kwok gone", Duration::from_secs(10), || {
+        let lab = lab.clone();
+        async move {
+            if lab.is_running().await {
+                Check::Waiting("still counted as running".into())
+            } else {
+                Check::Done(())
+            }
+        }
+    })
+    .await?;
+    let started = Instant::now();
+    let outcome = lab.up().await?;
+    assert!(
+        matches!(outcome, lab::UpOutcome::Started { .. }),
+        "up restarts a crashed lab, got {outcome:?}"
+    );
+    assert!(lab.is_running().await, "every process and API server back");
+    eprintln!(
+        "crashed lab cleaned up and restarted in {:?}",
+        started.elapsed()
+    );
+    Ok(())
+}
