@@ -52,9 +52,21 @@ pub fn all_crds() -> Vec<(&'static str, CustomResourceDefinition)> {
         ),
         (
             "federation.example.com_resourcebindings.yaml",
-            ResourceBinding::crd(),
+            resource_binding_crd(),
         ),
     ]
+}
+
+/// The ResourceBinding CRD, without the status subresource: the hub is the only writer of
+/// a binding, and one scheduling decision (spec plus its explanation in status) must cost
+/// one write (DESIGN.md section 9). The scheduler and the propagator each server-side
+/// apply their own fields (docs/placement.md, "One write per decision").
+pub fn resource_binding_crd() -> CustomResourceDefinition {
+    let mut crd = ResourceBinding::crd();
+    for version in &mut crd.spec.versions {
+        version.subresources = None;
+    }
+    crd
 }
 
 /// The MyDatabase CRD: `v1` (served, storage) and `v1alpha1`. v1alpha1 ships with
@@ -245,12 +257,8 @@ mod tests {
         assert_eq!(crd.spec.scope, "Namespaced");
         assert_eq!(crd.spec.names.short_names, Some(vec!["rb".to_string()]));
         assert!(
-            crd.spec.versions[0]
-                .subresources
-                .as_ref()
-                .unwrap()
-                .status
-                .is_some()
+            crd.spec.versions[0].subresources.is_none(),
+            "no status subresource: a decision and its explanation are one write"
         );
         let schema = schema(&crd);
         for field in ["resource", "policy", "replicas", "clusters"] {

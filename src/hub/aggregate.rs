@@ -197,6 +197,170 @@ pub fn template_conditions(
     );
 }
 
+/// The binding's own conditions from its rows: Propagated (every placement applied),
+/// Healthy (every placement Healthy) and Degraded (ClusterUnreachable while a placed
+/// cluster cannot be reached), keeping transition times of unchanged conditions.
+pub fn binding_conditions(
+    conditions: &mut Vec<Condition>,
+    observations: &[CopyObservation],
+    rows: &[ClusterPlacementStatus],
+    generation: Option<i64>,
+) {
+    let placed: Vec<&ClusterPlacementStatus> = rows
+        .iter()
+        .filter(|r| observations.iter().any(|o| o.cluster == r.name))
+        .collect();
+    let not_applied: Vec<String> = placed
+        .iter()
+        .filter(|r| !r.applied)
+        .map(|r| match &r.message {
+            Some(message) => format!("{}: {message}", r.name),
+            None => r.name.clone(),
+        })
+        .collect();
+    let conflict = placed.iter().any(|r| {
+        !r.applied
+            && r.message
+                .as_deref()
+                .is_some_and(|m| m.contains("not managed by Bulkhead"))
+    });
+    let (propagated, reason, message) = if placed.is_empty() {
+        (false, "NoPlacement", "no cluster is placed".to_string())
+    } else if not_applied.is_empty() {
+        (
+            true,
+            "Applied",
+            format!("applied to {} cluster(s)", placed.len()),
+        )
+    } else if conflict {
+        (false, "Conflict", not_applied.join("; "))
+    } else {
+        (false, "Pending", not_applied.join("; "))
+    };
+    set_condition(
+        conditions,
+        new_condition(
+            "Propagated",
+            ConditionStatus::from_bool(propagated),
+            reason,
+            message,
+            generation,
+        ),
+    );
+    let unhealthy: Vec<String> = placed
+        .iter()
+        .filter(|r| r.health != PlacementHealth::Healthy)
+        .map(|r| format!("{} {:?} ({} ready)", r.name, r.health, r.ready_replicas))
+        .collect();
+    let healthy = !placed.is_empty() && unhealthy.is_empty();
+    set_condition(
+        conditions,
+        new_condition(
+            "Healthy",
+            ConditionStatus::from_bool(healthy),
+            if healthy {
+                "AllPlacementsHealthy"
+            } else {
+                "PlacementsNotHealthy"
+            },
+            if healthy {
+                "every placement is applied and ready".to_string()
+            } else {
+                unhealthy.join(", ")
+            },
+            generation,
+        ),
+    );
+    let (degraded, reason, message) = match unreachable_message(observations) {
+        Some(message) => (true, "ClusterUnreachable", message),
+        None => (
+            false,
+            "AsExpected",
+            "every placed cluster is reachable".to_string(),
+        ),
+    };
+    set_condition(
+        conditions,
+        new_condition(
+            "Degraded",
+            ConditionStatus::from_bool(degraded),
+            reason,
+            message,
+            generation,
+        ),
+    );
+}
+
+/// Keeps each row's `lastSeen` from `previous` unless the row changed while its cluster
+/// was reachable, when it becomes `now`. So `lastSeen` moves only with writes the row
+/// needs anyway, and freezes while the cluster is unreachable.
+pub fn stamp_last_seen(
+    rows: &mut [ClusterPlacementStatus],
+    previous: &[ClusterPlacementStatus],
+    reachable: impl Fn(&str) -> bool,
+    now: &Time,
+) {
+    for row in rows.iter_mut() {
+        let before = previous.iter().find(|p| p.name == row.name);
+        row.last_seen = before.and_then(|p| p.last_seen.clone());
+        if !reachable(&row.name) || row.pending_cleanup && row.health == PlacementHealth::Unknown {
+            continue;
+        }
+        let changed = before.is_none_or(|p| {
+            let mut p = p.clone();
+            p.last_seen = row.last_seen.clone();
+            &p != row
+        });
+        if changed || row.last_seen.is_none() {
+            row.last_seen = Some(now.clone());
+        }
+    }
+}
+
+/// The status the hub writes into a Deployment or StatefulSet template: the sums, the
+/// template's generation, and Degraded/Ready in the apps condition shape.
+pub fn workload_status(
+    previous: &Value,
+    observations: &[CopyObservation],
+    desired: i32,
+    generation: Option<i64>,
+) -> Value {
+    let sums = deployment_sums(observations);
+    let mut conditions: Vec<Condition> = previous["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| serde_json::from_value(c.clone()).ok())
+        .collect();
+    template_conditions(
+        &mut conditions,
+        observations,
+        desired,
+        sums.ready_replicas,
+        generation,
+    );
+    let conditions: Vec<Value> = conditions
+        .iter()
+        .map(|c| {
+            serde_json::json!({
+                "type": c.type_, "status": c.status, "reason": c.reason, "message": c.message,
+                "lastTransitionTime": c.last_transition_time, "lastUpdateTime": c.last_transition_time,
+            })
+        })
+        .collect();
+    let mut status = serde_json::json!({
+        "replicas": sums.replicas,
+        "readyReplicas": sums.ready_replicas,
+        "availableReplicas": sums.available_replicas,
+        "updatedReplicas": sums.updated_replicas,
+        "conditions": conditions,
+    });
+    if let Some(generation) = generation {
+        status["observedGeneration"] = generation.into();
+    }
+    status
+}
+
 /// The hub MyDatabase template's status: one row per placement, sums, phase and
 /// conditions (keeping the previous conditions' transition times).
 pub fn mydatabase_status(
@@ -484,5 +648,97 @@ mod tests {
         let first = mydatabase_status(None, &observations, 2, Some(1), false);
         let second = mydatabase_status(Some(&first), &observations, 2, Some(1), false);
         assert_eq!(first, second, "no change, no write");
+    }
+
+    #[test]
+    fn binding_conditions_follow_the_rows() {
+        let observations = vec![
+            copy("east", 2, json!({"readyReplicas": 2}), true),
+            copy("west", 2, json!({"readyReplicas": 1}), true),
+        ];
+        let rows = binding_rows(&observations, &[]);
+        let mut conditions = vec![];
+        binding_conditions(&mut conditions, &observations, &rows, Some(1));
+        let status = |t: &str| find_condition(&conditions, t).unwrap().status.clone();
+        assert_eq!(
+            (status("Propagated"), status("Healthy"), status("Degraded")),
+            ("True".into(), "False".into(), "False".into())
+        );
+
+        let mut cut = observations.clone();
+        cut[0].reachable = false;
+        cut[1].applied = false;
+        cut[1].message = Some(
+            "Deployment shop/web already exists in west and is not managed by Bulkhead".into(),
+        );
+        let rows = binding_rows(&cut, &[]);
+        binding_conditions(&mut conditions, &cut, &rows, Some(1));
+        let propagated = find_condition(&conditions, "Propagated").unwrap();
+        assert_eq!(
+            (propagated.status.as_str(), propagated.reason.as_str()),
+            ("False", "Conflict")
+        );
+        let degraded = find_condition(&conditions, "Degraded").unwrap();
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", "ClusterUnreachable")
+        );
+    }
+
+    #[test]
+    fn last_seen_moves_only_with_a_changed_row_of_a_reachable_cluster() {
+        let observations = vec![copy("east", 2, json!({"readyReplicas": 2}), true)];
+        let mut previous = binding_rows(&observations, &[]);
+        previous[0].last_seen = seen(0);
+        let now = seen(60).unwrap();
+        let mut same = binding_rows(&observations, &[]);
+        stamp_last_seen(&mut same, &previous, |_| true, &now);
+        assert_eq!(same[0].last_seen, seen(0), "unchanged row, no write");
+
+        let changed_obs = vec![copy("east", 2, json!({"readyReplicas": 1}), true)];
+        let mut changed = binding_rows(&changed_obs, &[]);
+        stamp_last_seen(&mut changed, &previous, |_| true, &now);
+        assert_eq!(changed[0].last_seen, seen(60));
+
+        let cut_obs = vec![copy("east", 2, json!({"readyReplicas": 2}), false)];
+        let mut cut = binding_rows(&cut_obs, &[]);
+        stamp_last_seen(&mut cut, &previous, |_| false, &now);
+        assert_eq!(cut[0].last_seen, seen(0), "frozen while unreachable");
+    }
+
+    #[test]
+    fn workload_status_sums_and_says_degraded() {
+        let observations = vec![
+            copy(
+                "east",
+                3,
+                json!({"replicas": 3, "readyReplicas": 3, "availableReplicas": 3, "updatedReplicas": 3}),
+                true,
+            ),
+            copy(
+                "west",
+                3,
+                json!({"replicas": 3, "readyReplicas": 3, "availableReplicas": 3, "updatedReplicas": 3}),
+                false,
+            ),
+        ];
+        let status = workload_status(&Value::Null, &observations, 6, Some(4));
+        assert_eq!(status["replicas"], 6);
+        assert_eq!(status["readyReplicas"], 3);
+        assert_eq!(status["observedGeneration"], 4);
+        let degraded = status["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Degraded")
+            .unwrap();
+        assert_eq!(
+            (degraded["status"].as_str(), degraded["reason"].as_str()),
+            (Some("True"), Some("ClusterUnreachable"))
+        );
+        assert!(
+            degraded.get("observedGeneration").is_none(),
+            "apps condition shape"
+        );
     }
 }

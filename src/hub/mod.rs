@@ -9,7 +9,9 @@
 
 pub mod aggregate;
 pub mod capacity;
+pub mod controller;
 pub mod copies;
+pub mod copy_cache;
 pub mod disruption;
 pub mod health;
 pub mod kinds;
@@ -19,6 +21,7 @@ pub mod members;
 pub mod metrics;
 pub mod placement;
 pub mod prober;
+pub mod propagation;
 pub mod scheduler;
 pub mod taints;
 pub mod tasks;
@@ -66,6 +69,11 @@ pub struct HubOptions {
     /// How often a healthy member's version and capacity are refreshed.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub capacity_interval: Duration,
+    /// Failover evictions allowed per second, over all bindings (a token bucket with a
+    /// burst of one second's worth). Each binding that moves replicas off a failed cluster
+    /// takes one; the others wait for the next pass.
+    #[arg(long, default_value_t = 10.0)]
+    pub eviction_rate: f64,
     /// Also serve the admission webhook in this process and install the hub-side webhook
     /// configurations into the hub (the webhook flags below apply; see docs/admission.md).
     #[arg(long)]
@@ -135,6 +143,15 @@ impl Default for HubState {
 
 /// Runs the hub until SIGTERM.
 pub async fn run(options: HubOptions) -> Result<()> {
+    if !(options.eviction_rate.is_finite() && options.eviction_rate > 0.0) {
+        return Err(crate::Error::InvalidOption {
+            option: "--eviction-rate".into(),
+            reason: format!(
+                "{} must be a positive number of evictions per second",
+                options.eviction_rate
+            ),
+        });
+    }
     if options.lease_renew_interval >= options.lease_duration {
         return Err(crate::Error::InvalidOption {
             option: "--lease-renew-interval".into(),
@@ -187,6 +204,7 @@ pub async fn run_membership(
         },
     );
 
+    let controller_recorder = recorder.clone();
     let registry_task = tokio::spawn(members::run(
         hub.clone(),
         state.registry.clone(),
@@ -240,9 +258,14 @@ pub async fn run_membership(
         shutdown.clone(),
     ));
 
-    let scheduler_task = tokio::spawn(scheduler::run(
+    let scheduler_task = tokio::spawn(controller::run(
         process.client.clone(),
+        state.clone(),
+        controller_recorder,
         process.metrics.clone(),
+        controller::ControllerOptions {
+            eviction_rate: options.eviction_rate,
+        },
         shutdown.clone(),
     ));
 

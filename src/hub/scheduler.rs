@@ -1,35 +1,29 @@
-//! The scheduler: for every template on the hub that a policy selects, pick the policy
-//! (`matching`), place it (`placement`) and record the decision in a ResourceBinding
-//! (spec: the decision; status: a reason per cluster and `Scheduled`). Writes only what
-//! changed. Propagating the copies to members is the next step (see docs/placement.md).
+//! The scheduler, pure: for a template on the hub, pick the policy (`matching`), place it
+//! (`placement`, with failover's tolerations from `kinds`) and say what its
+//! ResourceBinding must record: the decision in the spec, a reason per cluster and
+//! `Scheduled` in the status. `controller` runs it and writes the binding in one
+//! server-side apply, only when the decision changed.
 //!
 //! Templates are watched for a fixed set of kinds (`TEMPLATE_KINDS`); namespaces
 //! `bulkhead-system` and `kube-*` are never templates (they hold the members' credentials
 //! and the system), whatever a policy selects.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use futures::{StreamExt, stream};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
-use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
-use tokio_util::sync::CancellationToken;
 
-use crate::api::resource_binding::{ObjectReference, ResourceBindingSpec, ResourceBindingStatus};
+use crate::api::propagation_policy::{ConflictResolution, Placement};
+use crate::api::resource_binding::{
+    ObjectReference, ResourceBindingSpec, ResourceBindingStatus, TargetCluster,
+};
 use crate::api::{
-    ClusterPropagationPolicy, ConditionStatus, MemberCluster, PropagationPolicy, ResourceBinding,
-    SYSTEM_NAMESPACE, new_condition, set_condition,
+    ConditionStatus, ResourceBinding, SYSTEM_NAMESPACE, new_condition, set_condition,
 };
-use crate::hub::kinds::{cluster_view, is_divisible};
-use crate::hub::matching::{
-    PolicyCandidate, PolicyScope, TemplateRef, choose_policy, policy_reference,
-};
+use crate::hub::kinds::{is_divisible, is_stateful, marks_fenced, placement_tolerations};
+use crate::hub::matching::{PolicyCandidate, TemplateRef, choose_policy, policy_reference};
 use crate::hub::placement::{ClusterView, PlacementRequest, decide};
-use crate::metrics::Metrics;
 
 /// Field manager of the hub's scheduler.
 pub const FIELD_MANAGER: &str = "bulkhead-hub-scheduler";
@@ -54,7 +48,7 @@ pub fn binding_name(name: &str, kind: &str) -> String {
     format!("{name}-{}", kind.to_lowercase())
 }
 
-fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
+pub fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
     ApiResource {
         group: group.into(),
         version: version.into(),
@@ -75,16 +69,41 @@ pub struct DesiredBinding {
     pub name: String,
     pub owner: OwnerReference,
     pub spec: ResourceBindingSpec,
+    /// The scheduler's part of the status: observedGeneration, decisions, `Scheduled`.
     pub status: ResourceBindingStatus,
+    /// From the chosen policy.
+    pub conflict_resolution: ConflictResolution,
+    /// The kind is stateful and the policy says `failover.stateful: Fence`.
+    pub fence: bool,
 }
 
-/// Decides the binding of one template (pure): None when no policy selects it.
+/// The scheduler's part of a binding's status (what [`DesiredBinding::status`] holds).
+pub fn scheduler_status(status: Option<&ResourceBindingStatus>) -> ResourceBindingStatus {
+    let Some(status) = status else {
+        return ResourceBindingStatus::default();
+    };
+    ResourceBindingStatus {
+        observed_generation: status.observed_generation,
+        conditions: status
+            .conditions
+            .iter()
+            .filter(|c| c.type_ == "Scheduled")
+            .cloned()
+            .collect(),
+        decisions: status.decisions.clone(),
+        clusters: vec![],
+    }
+}
+
+/// Decides the binding of one template (pure): None when no policy selects it. While the
+/// hub is `frozen`, failover moves nothing (see `kinds::placement_tolerations`).
 pub fn desired_binding(
     template: &DynamicObject,
     resource: &ApiResource,
     candidates: &[PolicyCandidate],
     clusters: &[ClusterView],
     existing: Option<&ResourceBinding>,
+    frozen: bool,
     now: jiff::Timestamp,
 ) -> Option<DesiredBinding> {
     let namespace = template.namespace().unwrap_or_default();
@@ -99,6 +118,11 @@ pub fn desired_binding(
     };
     let (policy, _) = choose_policy(&reference, candidates)?;
     let divisible = is_divisible(&resource.api_version, &resource.kind);
+    let stateful = is_stateful(&resource.api_version, &resource.kind);
+    let placement = Placement {
+        cluster_tolerations: placement_tolerations(policy.spec, stateful, frozen),
+        ..policy.spec.placement.clone()
+    };
     let replicas = if divisible {
         template.data["spec"]["replicas"].as_i64().unwrap_or(1) as i32
     } else {
@@ -109,7 +133,7 @@ pub fn desired_binding(
         .map(|b| b.spec.clusters.clone())
         .unwrap_or_default();
     let decision = decide(&PlacementRequest {
-        placement: &policy.spec.placement,
+        placement: &placement,
         replicas,
         divisible,
         uid: &uid,
@@ -138,7 +162,7 @@ pub fn desired_binding(
         replicas,
         clusters: clusters_out,
     };
-    let mut status = existing.and_then(|b| b.status.clone()).unwrap_or_default();
+    let mut status = scheduler_status(existing.and_then(|b| b.status.as_ref()));
     status.decisions = result.decisions.clone();
     let (scheduled, reason, message) = match &result.scheduled {
         Ok(()) => {
@@ -180,218 +204,67 @@ pub fn desired_binding(
         owner,
         spec,
         status,
+        conflict_resolution: policy.spec.conflict_resolution,
+        fence: stateful && marks_fenced(policy.spec),
     })
 }
 
-struct Stores {
-    policies: Store<PropagationPolicy>,
-    cluster_policies: Store<ClusterPropagationPolicy>,
-    members: Store<MemberCluster>,
-    bindings: Store<ResourceBinding>,
-    templates: Vec<(ApiResource, Store<DynamicObject>)>,
-}
-
-fn is_ready<K>(store: &Store<K>) -> bool
-where
-    K: kube::Resource + Clone + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    futures::FutureExt::now_or_never(store.wait_until_ready()).is_some_and(|ready| ready.is_ok())
-}
-
-impl Stores {
-    /// Every initial list is in. Deciding before that would rewrite bindings the hub has
-    /// simply not read yet (a restarted hub must be quiescent: zero writes).
-    fn ready(&self) -> bool {
-        is_ready(&self.policies)
-            && is_ready(&self.cluster_policies)
-            && is_ready(&self.members)
-            && is_ready(&self.bindings)
-            && self.templates.iter().all(|(_, store)| is_ready(store))
-    }
-}
-
-/// Runs the scheduler until shutdown.
-pub async fn run(hub: Client, metrics: Arc<Metrics>, shutdown: CancellationToken) {
-    let mut streams = vec![];
-    macro_rules! reflect {
-        ($api:expr) => {{
-            let (store, writer) = reflector::store();
-            streams.push(
-                reflector(writer, watcher($api, watcher::Config::default()))
-                    .default_backoff()
-                    .map(|_| ())
-                    .boxed(),
-            );
-            store
-        }};
-    }
-    let policies = reflect!(Api::<PropagationPolicy>::all(hub.clone()));
-    let cluster_policies = reflect!(Api::<ClusterPropagationPolicy>::all(hub.clone()));
-    let members = reflect!(Api::<MemberCluster>::all(hub.clone()));
-    let bindings = reflect!(Api::<ResourceBinding>::all(hub.clone()));
-    let mut templates = vec![];
-    for (group, version, kind, plural) in TEMPLATE_KINDS {
-        let ar = resource(group, version, kind, plural);
-        let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
-        let store = writer.as_reader();
-        let api = Api::<DynamicObject>::all_with(hub.clone(), &ar);
-        streams.push(
-            reflector(writer, watcher(api, watcher::Config::default()))
-                .default_backoff()
-                .map(|_| ())
-                .boxed(),
-        );
-        templates.push((ar, store));
-    }
-    let stores = Stores {
-        policies,
-        cluster_policies,
-        members,
-        bindings,
-        templates,
-    };
-    let decisions = prometheus_client::metrics::counter::Counter::<u64>::default();
-    metrics.register(
-        "scheduler_binding_writes",
-        "ResourceBinding writes (spec or status) by the scheduler",
-        decisions.clone(),
-    );
-    let duration = prometheus_client::metrics::histogram::Histogram::new(
-        prometheus_client::metrics::histogram::exponential_buckets(0.0001, 2.0, 16),
-    );
-    metrics.register(
-        "scheduler_pass_duration_seconds",
-        "Time for one scheduling pass over every template",
-        duration.clone(),
-    );
-
-    let mut changes = stream::select_all(streams);
-    // Re-evaluate periodically too: tolerationSeconds expire without any event.
-    let mut tick = tokio::time::interval(Duration::from_secs(5));
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            event = changes.next() => if event.is_none() { return },
-            _ = tick.tick() => {}
-        }
-        // Let a burst of events settle into one pass.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        while let Some(Some(_)) = futures::FutureExt::now_or_never(changes.next()) {}
-        if !stores.ready() {
-            continue;
-        }
-        let started = Instant::now();
-        let writes = schedule_all(&hub, &stores).await;
-        decisions.inc_by(writes);
-        duration.observe(started.elapsed().as_secs_f64());
-    }
-}
-
-async fn schedule_all(hub: &Client, stores: &Stores) -> u64 {
-    let policies = stores.policies.state();
-    let cluster_policies = stores.cluster_policies.state();
-    let mut candidates: Vec<PolicyCandidate> = policies
-        .iter()
-        .map(|p| PolicyCandidate {
-            scope: PolicyScope::Namespaced,
-            namespace: p.metadata.namespace.as_deref(),
-            name: p.metadata.name.as_deref().unwrap_or_default(),
-            spec: &p.spec,
+/// Clusters that lose replicas while they are not Ready, with how many they lose: the
+/// decision is a failover eviction (events, metrics, rate limit).
+pub fn evicted_clusters(
+    old: &[TargetCluster],
+    new: &[TargetCluster],
+    clusters: &[ClusterView],
+) -> Vec<(String, i32)> {
+    old.iter()
+        .filter(|o| clusters.iter().any(|c| c.name == o.name && !c.ready))
+        .filter_map(|o| {
+            let now = new
+                .iter()
+                .find(|n| n.name == o.name)
+                .map_or(0, |n| n.replicas);
+            (now < o.replicas).then(|| (o.name.clone(), o.replicas - now))
         })
-        .collect();
-    candidates.extend(cluster_policies.iter().map(|p| PolicyCandidate {
-        scope: PolicyScope::Cluster,
-        namespace: None,
-        name: p.metadata.name.as_deref().unwrap_or_default(),
-        spec: &p.spec.policy,
-    }));
-    if candidates.is_empty() {
-        return 0;
-    }
-    let mut views: Vec<ClusterView> = stores
-        .members
-        .state()
-        .iter()
-        .map(|m| cluster_view(m, false))
-        .collect();
-    views.sort_by(|a, b| a.name.cmp(&b.name));
-    let now = jiff::Timestamp::now();
-    let mut writes = 0;
-    for (resource, store) in &stores.templates {
-        for template in store.state() {
-            let namespace = template.namespace().unwrap_or_default();
-            if is_excluded_namespace(&namespace) || template.metadata.deletion_timestamp.is_some() {
-                continue;
-            }
-            let existing = stores.bindings.get(
-                &ObjectRef::new(&binding_name(&template.name_any(), &resource.kind))
-                    .within(&namespace),
-            );
-            let Some(desired) = desired_binding(
-                &template,
-                resource,
-                &candidates,
-                &views,
-                existing.as_deref(),
-                now,
-            ) else {
-                continue;
-            };
-            match write_binding(hub, &desired, existing.as_deref()).await {
-                Ok(n) => writes += n,
-                Err(error) => {
-                    tracing::warn!(binding = %format!("{}/{}", desired.namespace, desired.name), %error, "cannot write the ResourceBinding")
-                }
-            }
-        }
-    }
-    writes
+        .collect()
 }
 
-/// Writes what differs: the spec (server-side apply) and the status. Returns the number
-/// of writes.
-async fn write_binding(
+/// Writes the decision when it differs from `existing`: spec and the scheduler's part of
+/// the status in one server-side apply (field manager [`FIELD_MANAGER`]). Returns whether
+/// it wrote.
+pub async fn write_binding(
     hub: &Client,
     desired: &DesiredBinding,
     existing: Option<&ResourceBinding>,
-) -> Result<u64, kube::Error> {
+) -> Result<bool, kube::Error> {
+    let unchanged = existing.is_some_and(|b| {
+        b.spec == desired.spec && scheduler_status(b.status.as_ref()) == desired.status
+    });
+    if unchanged {
+        return Ok(false);
+    }
     let api: Api<ResourceBinding> = Api::namespaced(hub.clone(), &desired.namespace);
-    let mut writes = 0;
-    if existing.map(|b| &b.spec) != Some(&desired.spec) {
-        let mut binding = ResourceBinding::new(&desired.name, desired.spec.clone());
-        binding.metadata.namespace = Some(desired.namespace.clone());
-        binding.metadata.owner_references = Some(vec![desired.owner.clone()]);
-        binding.metadata.labels = Some(BTreeMap::from([(
-            crate::api::LABEL_MANAGED_BY.to_string(),
-            "bulkhead".to_string(),
-        )]));
-        api.patch(
-            &desired.name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&binding),
-        )
-        .await?;
-        writes += 1;
-    }
-    let old_status = existing.and_then(|b| b.status.as_ref());
-    if old_status != Some(&desired.status) {
-        let patch = serde_json::json!({"status": desired.status});
-        api.patch_status(
-            &desired.name,
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await?;
-        writes += 1;
-    }
-    Ok(writes)
+    let mut binding = ResourceBinding::new(&desired.name, desired.spec.clone());
+    binding.metadata.namespace = Some(desired.namespace.clone());
+    binding.metadata.owner_references = Some(vec![desired.owner.clone()]);
+    binding.metadata.labels = Some(BTreeMap::from([(
+        crate::api::LABEL_MANAGED_BY.to_string(),
+        "bulkhead".to_string(),
+    )]));
+    binding.status = Some(desired.status.clone());
+    api.patch(
+        &desired.name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&binding),
+    )
+    .await?;
+    Ok(true)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::api::PropagationSpec;
+    use crate::hub::matching::PolicyScope;
 
     fn template(replicas: i64) -> DynamicObject {
         serde_json::from_value(serde_json::json!({
@@ -452,6 +325,7 @@ mod tests {
             &candidates,
             &clusters(),
             None,
+            false,
             now,
         )
         .unwrap();
@@ -502,6 +376,7 @@ mod tests {
                 &candidates,
                 &clusters(),
                 None,
+                false,
                 now
             )
             .is_none()
@@ -514,6 +389,7 @@ mod tests {
             &candidates,
             &clusters(),
             None,
+            false,
             now,
         )
         .unwrap();
@@ -525,10 +401,12 @@ mod tests {
             &candidates,
             &clusters(),
             Some(&existing),
+            false,
             now,
         )
         .unwrap();
         assert_eq!(again.spec, existing.spec, "no spec write");
+        assert_eq!(again.status, scheduler_status(existing.status.as_ref()));
         assert_eq!(
             Some(&again.status),
             existing.status.as_ref(),
@@ -556,6 +434,7 @@ mod tests {
             &candidates,
             &clusters(),
             Some(&existing),
+            false,
             now,
         )
         .unwrap();
@@ -575,5 +454,26 @@ mod tests {
     fn system_namespaces_are_never_templates() {
         assert!(is_excluded_namespace("bulkhead-system") && is_excluded_namespace("kube-system"));
         assert!(!is_excluded_namespace("shop"));
+    }
+
+    #[test]
+    fn replicas_leaving_a_failed_cluster_are_an_eviction() {
+        let target = |name: &str, replicas| TargetCluster {
+            name: name.into(),
+            replicas,
+        };
+        let mut views = clusters();
+        views[0].ready = false; // east
+        let old = [target("east", 2), target("west", 2), target("north", 2)];
+        let new = [target("west", 3), target("north", 3)];
+        assert_eq!(
+            evicted_clusters(&old, &new, &views),
+            [("east".to_string(), 2)]
+        );
+        let reweighted = [target("east", 2), target("west", 1), target("north", 3)];
+        assert!(
+            evicted_clusters(&old, &reweighted, &views).is_empty(),
+            "a Ready cluster losing replicas is a plain placement change"
+        );
     }
 }

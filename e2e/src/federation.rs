@@ -1,0 +1,481 @@
+//! A whole federation on the lab for propagation and failover tests: the three members
+//! joined with 1 s probes, a hub process, and one agent per member for the test's
+//! namespace. Dropping it stops the processes, unjoins the members and removes the
+//! namespace everywhere.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+
+use crate::agent_support::AgentProcess;
+use crate::hub_support::{HubProcess, join, unjoin};
+use crate::lab::Lab;
+use crate::support::{TestNamespace, cleanup_blocking};
+use crate::{Check, wait_for};
+use bulkhead::api::{MemberCluster, ResourceBinding, is_condition_true};
+
+/// The lab's members: (name, zone, region).
+pub const MEMBERS: [(&str, &str, &str); 3] = [
+    ("east", "zone-a", "region-1"),
+    ("west", "zone-b", "region-1"),
+    ("north", "zone-c", "region-2"),
+];
+
+/// Fencing lease the suites use: renewed every second, 3 s duration.
+pub const LEASE_RENEW: &str = "1s";
+pub const LEASE_DURATION_SECONDS: u64 = 3;
+
+/// The template kinds the suites use, as API resources.
+pub fn deployments() -> ApiResource {
+    ApiResource::erase::<k8s_openapi::api::apps::v1::Deployment>(&())
+}
+pub fn config_maps() -> ApiResource {
+    ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&())
+}
+pub fn statefulsets() -> ApiResource {
+    ApiResource::erase::<k8s_openapi::api::apps::v1::StatefulSet>(&())
+}
+pub fn databases() -> ApiResource {
+    ApiResource::erase::<bulkhead::api::MyDatabase>(&())
+}
+pub fn policies() -> ApiResource {
+    ApiResource::erase::<bulkhead::api::PropagationPolicy>(&())
+}
+
+/// The federation; see the module documentation.
+pub struct Federation {
+    pub lab: Lab,
+    pub hub: Client,
+    /// Clients to each member from inside its zone (they work during a partition).
+    pub members: BTreeMap<String, Client>,
+    pub namespace: String,
+    hub_process: Option<HubProcess>,
+    hub_starts: u32,
+    hub_args: Vec<String>,
+    agents: Vec<AgentProcess>,
+    hub_namespace: Option<TestNamespace>,
+}
+
+impl Federation {
+    /// Joins the members, creates the namespace on the hub only (members get it on
+    /// demand from the hub), starts one agent per member and the hub with `extra_hub_args`,
+    /// and waits for every member to be Ready.
+    pub async fn start(prefix: &str, extra_hub_args: &[&str]) -> Result<Self> {
+        let lab = crate::support::lab().await?;
+        lab.install_crds("hub", &crate::lab::crd_dir()).await?;
+        for (name, zone, region) in MEMBERS {
+            let output = join(
+                &lab,
+                name,
+                zone,
+                region,
+                &[
+                    "--probe-interval-seconds",
+                    "1",
+                    "--probe-timeout-seconds",
+                    "1",
+                ],
+            )?;
+            anyhow::ensure!(output.status.success(), "join {name} failed");
+        }
+        let namespace = TestNamespace::create(&lab, prefix, &["hub"]).await?;
+        let hub = lab.client("hub").await?;
+        let mut members = BTreeMap::new();
+        let mut agents = vec![];
+        let lease_seconds = LEASE_DURATION_SECONDS.to_string();
+        for (name, _, _) in MEMBERS {
+            members.insert(name.to_string(), lab.inside_client(name).await?);
+            agents.push(AgentProcess::start(
+                &lab,
+                name,
+                &namespace.name,
+                &[
+                    "--lease-duration-seconds",
+                    &lease_seconds,
+                    "--unfence-after-seconds",
+                    "2",
+                ],
+            )?);
+        }
+        let mut hub_args: Vec<String> = vec![
+            "--identity".into(),
+            format!("e2e-{prefix}"),
+            "--lease-renew-interval".into(),
+            LEASE_RENEW.into(),
+            "--lease-duration".into(),
+            format!("{LEASE_DURATION_SECONDS}s"),
+        ];
+        hub_args.extend(extra_hub_args.iter().map(|a| a.to_string()));
+        let mut federation = Federation {
+            lab,
+            hub,
+            members,
+            namespace: namespace.name.clone(),
+            hub_process: None,
+            hub_starts: 0,
+            hub_args,
+            agents,
+            hub_namespace: Some(namespace),
+        };
+        federation.start_hub()?;
+        federation
+            .wait_members_ready(Duration::from_secs(60))
+            .await?;
+        Ok(federation)
+    }
+
+    /// Starts the hub process (again); its log is `<lab>/hub/logs/<namespace>-hub-<n>.log`.
+    pub fn start_hub(&mut self) -> Result<()> {
+        self.hub_starts += 1;
+        let log = format!("{}-hub-{}.log", self.namespace, self.hub_starts);
+        let args: Vec<&str> = self.hub_args.iter().map(String::as_str).collect();
+        self.hub_process = Some(HubProcess::start(&self.lab, &log, &args)?);
+        Ok(())
+    }
+
+    /// Kills the hub process (SIGKILL: no chance to clean anything up).
+    pub fn kill_hub(&mut self) {
+        self.hub_process = None;
+    }
+
+    /// The hub's `/metrics` text.
+    pub async fn hub_metrics(&self) -> Result<String> {
+        let port = self
+            .hub_process
+            .as_ref()
+            .context("hub not running")?
+            .probe_port;
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            .await?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text).await?;
+        Ok(text)
+    }
+
+    /// Sum of a counter's samples in the hub's metrics whose line contains `filter`.
+    pub async fn hub_counter(&self, name: &str, filter: &str) -> Result<f64> {
+        let text = self.hub_metrics().await?;
+        Ok(text
+            .lines()
+            .filter(|l| l.starts_with(name) && l.contains(filter))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum())
+    }
+
+    /// Waits until every member is Ready on the hub.
+    pub async fn wait_members_ready(&self, timeout: Duration) -> Result<()> {
+        let members: Api<MemberCluster> = Api::all(self.hub.clone());
+        wait_for("every member Ready", timeout, || {
+            let members = members.clone();
+            async move {
+                match members.list(&Default::default()).await {
+                    Ok(list) => {
+                        let ready: Vec<String> = list
+                            .items
+                            .iter()
+                            .filter(|m| {
+                                m.status
+                                    .as_ref()
+                                    .is_some_and(|s| is_condition_true(&s.conditions, "Ready"))
+                            })
+                            .map(|m| m.name_any())
+                            .collect();
+                        if ready.len() == MEMBERS.len() {
+                            Check::Done(())
+                        } else {
+                            Check::Waiting(format!("Ready: {ready:?}"))
+                        }
+                    }
+                    Err(e) => Check::Waiting(e.to_string()),
+                }
+            }
+        })
+        .await
+    }
+
+    /// Server-side applies an object to the hub in the test namespace.
+    pub async fn apply(&self, resource: &ApiResource, object: Value) -> Result<DynamicObject> {
+        let name = object["metadata"]["name"]
+            .as_str()
+            .context("object without a name")?
+            .to_string();
+        let api =
+            Api::<DynamicObject>::namespaced_with(self.hub.clone(), &self.namespace, resource);
+        Ok(api
+            .patch(
+                &name,
+                &PatchParams::apply("e2e").force(),
+                &Patch::Apply(&object),
+            )
+            .await
+            .with_context(|| format!("applying {} {name} to the hub", resource.kind))?)
+    }
+
+    /// A policy selecting `kind/name` with `placement`.
+    pub fn policy(&self, name: &str, selectors: Value, placement: Value, extra: Value) -> Value {
+        let mut spec = json!({"resourceSelectors": selectors, "placement": placement});
+        if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+            spec.extend(extra.clone());
+        }
+        json!({
+            "apiVersion": "federation.example.com/v1alpha1", "kind": "PropagationPolicy",
+            "metadata": {"name": name, "namespace": self.namespace},
+            "spec": spec,
+        })
+    }
+
+    /// An API for `resource` in the test namespace of `cluster` ("hub" or a member).
+    pub fn api(&self, cluster: &str, resource: &ApiResource) -> Api<DynamicObject> {
+        let client = if cluster == "hub" {
+            self.hub.clone()
+        } else {
+            self.members[cluster].clone()
+        };
+        Api::namespaced_with(client, &self.namespace, resource)
+    }
+
+    /// The binding of a template, if any.
+    pub async fn binding(&self, name: &str) -> Result<Option<ResourceBinding>> {
+        Ok(
+            Api::<ResourceBinding>::namespaced(self.hub.clone(), &self.namespace)
+                .get_opt(name)
+                .await?,
+        )
+    }
+
+    /// Waits for a binding to satisfy `check`.
+    pub async fn wait_binding<T>(
+        &self,
+        name: &str,
+        what: &str,
+        timeout: Duration,
+        check: impl Fn(&ResourceBinding) -> Option<T>,
+    ) -> Result<T> {
+        let api = Api::<ResourceBinding>::namespaced(self.hub.clone(), &self.namespace);
+        let check = &check;
+        wait_for(&format!("binding {name}: {what}"), timeout, || {
+            let api = api.clone();
+            async move {
+                match api.get_opt(name).await {
+                    Ok(Some(binding)) => match check(&binding) {
+                        Some(value) => Check::Done(value),
+                        None => Check::Waiting(describe_binding(&binding)),
+                    },
+                    Ok(None) => Check::Waiting("no binding yet".into()),
+                    Err(e) => Check::Waiting(e.to_string()),
+                }
+            }
+        })
+        .await
+    }
+
+    /// Each member's copy of `name`: (cluster, spec.replicas, ready replicas, uid).
+    pub async fn copies(&self, resource: &ApiResource, name: &str) -> Result<Vec<Copy>> {
+        let mut copies = vec![];
+        for (cluster, client) in &self.members {
+            let api =
+                Api::<DynamicObject>::namespaced_with(client.clone(), &self.namespace, resource);
+            if let Some(object) = api.get_opt(name).await? {
+                copies.push(Copy::of(cluster, &object));
+            }
+        }
+        Ok(copies)
+    }
+
+    /// Waits until the member copies of `name` satisfy `check`.
+    pub async fn wait_copies(
+        &self,
+        resource: &ApiResource,
+        name: &str,
+        what: &str,
+        timeout: Duration,
+        check: impl Fn(&[Copy]) -> bool,
+    ) -> Result<Vec<Copy>> {
+        let check = &check;
+        wait_for(
+            &format!("{} {name}: {what}", resource.kind),
+            timeout,
+            || async move {
+                match self.copies(resource, name).await {
+                    Ok(copies) if check(&copies) => Check::Done(copies),
+                    Ok(copies) => Check::Waiting(format!("{copies:?}")),
+                    Err(e) => Check::Waiting(e.to_string()),
+                }
+            },
+        )
+        .await
+    }
+
+    /// UIDs of every object of `resource` in the test namespace of every member.
+    pub async fn member_uids(&self, resource: &ApiResource) -> Result<BTreeMap<String, String>> {
+        let mut uids = BTreeMap::new();
+        for (cluster, client) in &self.members {
+            let api =
+                Api::<DynamicObject>::namespaced_with(client.clone(), &self.namespace, resource);
+            for object in api.list(&ListParams::default()).await?.items {
+                uids.insert(
+                    format!("{cluster}/{}/{}", resource.kind, object.name_any()),
+                    object.uid().unwrap_or_default(),
+                );
+            }
+        }
+        Ok(uids)
+    }
+}
+
+/// One member copy as the tests see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Copy {
+    pub cluster: String,
+    pub replicas: Option<i64>,
+    pub ready: i64,
+    pub uid: String,
+    pub managed: bool,
+}
+
+impl Copy {
+    fn of(cluster: &str, object: &DynamicObject) -> Self {
+        Copy {
+            cluster: cluster.to_string(),
+            replicas: object.data["spec"]["replicas"].as_i64(),
+            ready: object.data["status"]["readyReplicas"].as_i64().unwrap_or(0),
+            uid: object.uid().unwrap_or_default(),
+            managed: object
+                .labels()
+                .get(bulkhead::api::LABEL_MANAGED_BY)
+                .is_some_and(|v| v == "bulkhead"),
+        }
+    }
+}
+
+/// (cluster, replicas) pairs of copies, for comparisons.
+pub fn placement(copies: &[Copy]) -> Vec<(String, i64)> {
+    copies
+        .iter()
+        .map(|c| (c.cluster.clone(), c.replicas.unwrap_or(0)))
+        .collect()
+}
+
+/// True when the copies are exactly `wanted` (cluster, replicas), all Ready.
+pub fn ready_at(copies: &[Copy], wanted: &[(&str, i64)]) -> bool {
+    copies.len() == wanted.len()
+        && wanted.iter().all(|(cluster, replicas)| {
+            copies.iter().any(|c| {
+                c.cluster == *cluster && c.replicas == Some(*replicas) && c.ready == *replicas
+            })
+        })
+}
+
+/// A one-line summary of a binding for wait messages.
+pub fn describe_binding(binding: &ResourceBinding) -> String {
+    let clusters: Vec<String> = binding
+        .spec
+        .clusters
+        .iter()
+        .map(|c| format!("{}={}", c.name, c.replicas))
+        .collect();
+    let status = binding.status.clone().unwrap_or_default();
+    let conditions: Vec<String> = status
+        .conditions
+        .iter()
+        .map(|c| format!("{}={}({})", c.type_, c.status, c.reason))
+        .collect();
+    let rows: Vec<String> = status
+        .clusters
+        .iter()
+        .map(|r| {
+            format!(
+                "{}: applied={} {:?} ready={} fenced={} pending={} {}",
+                r.name,
+                r.applied,
+                r.health,
+                r.ready_replicas,
+                r.fenced,
+                r.pending_cleanup,
+                r.message.clone().unwrap_or_default()
+            )
+        })
+        .collect();
+    format!(
+        "spec [{}] conditions [{}] rows [{}]",
+        clusters.join(", "),
+        conditions.join(", "),
+        rows.join("; ")
+    )
+}
+
+/// The replicas a binding gives each cluster.
+pub fn binding_replicas(binding: &ResourceBinding) -> Vec<(String, i64)> {
+    binding
+        .spec
+        .clusters
+        .iter()
+        .map(|c| (c.name.clone(), i64::from(c.replicas)))
+        .collect()
+}
+
+/// Whether a binding condition is True.
+pub fn binding_condition(binding: &ResourceBinding, condition: &str) -> bool {
+    binding
+        .status
+        .as_ref()
+        .is_some_and(|s| is_condition_true(&s.conditions, condition))
+}
+
+impl Drop for Federation {
+    fn drop(&mut self) {
+        self.hub_process = None;
+        self.agents.clear();
+        let _ = self.lab.heal_all();
+        // The hub is gone: drop its finalizers so the namespace can go.
+        let namespace = self.namespace.clone();
+        cleanup_blocking(vec![self.lab.kubeconfig("hub")], move |client| {
+            let namespace = namespace.clone();
+            async move {
+                for resource in [deployments(), config_maps(), statefulsets(), databases()] {
+                    let api = Api::<DynamicObject>::namespaced_with(
+                        client.clone(),
+                        &namespace,
+                        &resource,
+                    );
+                    if let Ok(list) = api.list(&ListParams::default()).await {
+                        for object in list.items {
+                            let _ = api
+                                .patch(
+                                    &object.name_any(),
+                                    &PatchParams::default(),
+                                    &Patch::Merge(&json!({"metadata": {"finalizers": null}})),
+                                )
+                                .await;
+                        }
+                    }
+                }
+            }
+        });
+        self.hub_namespace = None;
+        // Member copies go with the namespaces the hub created there.
+        let namespace = self.namespace.clone();
+        let members: Vec<_> = MEMBERS
+            .iter()
+            .map(|(name, _, _)| self.lab.inside_kubeconfig(name))
+            .collect();
+        cleanup_blocking(members, move |client| {
+            let namespace = namespace.clone();
+            async move {
+                let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client)
+                    .delete(&namespace, &Default::default())
+                    .await;
+            }
+        });
+        for (name, _, _) in MEMBERS {
+            let _ = unjoin(&self.lab, name);
+        }
+    }
+}

@@ -1,0 +1,588 @@
+//! Propagation against the lab with the hub and an agent in every member: weighted
+//! MyDatabase placement down to Ready StatefulSets and back up as template status,
+//! re-weighting, Duplicated Deployments, ConfigMaps, conflicts with unmanaged objects,
+//! cleanup (also during a partition), a hub restart that changes nothing, `bulkhead plan`
+//! agreeing with the hub, and propagation latency.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use bulkhead::api::ResourceBinding;
+use bulkhead_e2e::federation::{
+    Federation, binding_condition, binding_replicas, config_maps, databases, deployments,
+    placement, policies, ready_at,
+};
+use bulkhead_e2e::hub_support::{bulkhead, path};
+use bulkhead_e2e::support::Partition;
+use bulkhead_e2e::{Check, wait_for};
+use kube::ResourceExt;
+use kube::api::{DeleteParams, PostParams};
+use serde_json::{Value, json};
+
+fn database(name: &str, replicas: i64) -> Value {
+    json!({
+        "apiVersion": "example.com/v1", "kind": "MyDatabase",
+        "metadata": {"name": name},
+        "spec": {"replicas": replicas, "version": "16", "storage": {"size": "1Gi"}}
+    })
+}
+
+fn deployment(name: &str, replicas: i64, image: &str) -> Value {
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+                 "template": {"metadata": {"labels": {"app": name}},
+                              "spec": {"containers": [{"name": "app", "image": image}]}}}
+    })
+}
+
+fn weighted(east: i64, west: i64) -> Value {
+    json!({"replicaScheduling": {"type": "Divided", "divisionPreference": "Weighted",
+        "weightPreference": {"staticWeightList": [
+            {"targetCluster": {"clusterNames": ["east"]}, "weight": east},
+            {"targetCluster": {"clusterNames": ["west"]}, "weight": west}]}}})
+}
+
+async fn hub_writes(federation: &Federation) -> Result<f64> {
+    federation
+        .hub_counter("bulkhead_hub_writes_total", "")
+        .await
+}
+
+#[tokio::test]
+async fn a_weighted_database_runs_in_its_members_and_reports_back() -> Result<()> {
+    let mut federation = Federation::start("prop-db", &[]).await?;
+    let selector =
+        json!([{"apiVersion": "example.com/v1", "kind": "MyDatabase", "name": "orders"}]);
+    federation
+        .apply(
+            &policies(),
+            federation.policy("orders", selector.clone(), weighted(2, 1), json!({})),
+        )
+        .await?;
+    federation
+        .apply(&databases(), database("orders", 6))
+        .await?;
+
+    // 4/2 StatefulSets Ready in the members, through each member's agent.
+    let copies = federation
+        .wait_copies(
+            &databases(),
+            "orders",
+            "east 4, west 2, all Ready",
+            Duration::from_secs(120),
+            |c| ready_at(c, &[("east", 4), ("west", 2)]),
+        )
+        .await?;
+    eprintln!("copies: {copies:?}");
+    for (cluster, replicas) in [("east", 4), ("west", 2)] {
+        let sts = federation
+            .api(cluster, &bulkhead_e2e::federation::statefulsets())
+            .get("orders")
+            .await
+            .with_context(|| format!("StatefulSet orders in {cluster}"))?;
+        assert_eq!(sts.data["spec"]["replicas"], replicas, "{cluster}");
+    }
+    assert!(
+        federation
+            .api("north", &databases())
+            .get_opt("orders")
+            .await?
+            .is_none(),
+        "north is not placed"
+    );
+
+    // The template's status sums the placements: 6/6, Ready, one row per cluster.
+    let template = wait_for(
+        "the template to report 6/6 Ready",
+        Duration::from_secs(60),
+        || async {
+            match federation.api("hub", &databases()).get("orders").await {
+                Ok(db)
+                    if db.data["status"]["readyReplicas"] == 6
+                        && db.data["status"]["phase"] == "Ready" =>
+                {
+                    Check::Done(db)
+                }
+                Ok(db) => Check::Waiting(db.data["status"].to_string()),
+                Err(e) => Check::Waiting(e.to_string()),
+            }
+        },
+    )
+    .await?;
+    let rows = template.data["status"]["clusters"]
+        .as_array()
+        .context("status.clusters")?;
+    let summary: Vec<(String, i64, i64)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["name"].as_str().unwrap_or_default().to_string(),
+                r["replicas"].as_i64().unwrap_or(0),
+                r["readyReplicas"].as_i64().unwrap_or(0),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [("east".to_string(), 4, 4), ("west".to_string(), 2, 2)]
+    );
+    assert!(
+        template
+            .metadata
+            .finalizers
+            .as_ref()
+            .is_some_and(|f| f.iter().any(|f| f == "federation.example.com/cleanup")),
+        "the template carries the cleanup finalizer"
+    );
+    let binding = federation
+        .wait_binding(
+            "orders-mydatabase",
+            "Propagated and Healthy",
+            Duration::from_secs(30),
+            |b| {
+                (binding_condition(b, "Propagated") && binding_condition(b, "Healthy"))
+                    .then(|| b.clone())
+            },
+        )
+        .await?;
+    let rows = &binding.status.as_ref().context("status")?.clusters;
+    assert!(
+        rows.iter().all(|r| r.applied && r.last_seen.is_some()),
+        "{rows:?}"
+    );
+
+    // The offline plan says what the hub did.
+    let files = std::env::temp_dir().join(format!("{}-plan.yaml", federation.namespace));
+    let policy_text = serde_yaml::to_string(&federation.policy(
+        "orders",
+        selector.clone(),
+        weighted(2, 1),
+        json!({}),
+    ))?;
+    let mut template_doc = database("orders", 6);
+    template_doc["metadata"]["namespace"] = json!(federation.namespace);
+    std::fs::write(
+        &files,
+        format!(
+            "{policy_text}---\n{}",
+            serde_yaml::to_string(&template_doc)?
+        ),
+    )?;
+    let output = bulkhead(&[
+        "plan",
+        "-f",
+        &path(&files),
+        "--clusters-from-hub",
+        "--kubeconfig",
+        &path(&federation.lab.kubeconfig("hub")),
+    ])?;
+    anyhow::ensure!(output.status.success(), "bulkhead plan failed");
+    let text = String::from_utf8(output.stdout)?;
+    for (cluster, replicas) in binding_replicas(&binding) {
+        let line = text
+            .lines()
+            .find(|l| l.trim_start().starts_with(&cluster))
+            .with_context(|| format!("no {cluster} row in the plan:\n{text}"))?;
+        let columns: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(columns.get(2), Some(&"yes"), "{line}");
+        assert_eq!(
+            columns.get(3),
+            Some(&replicas.to_string().as_str()),
+            "plan and hub agree: {line}"
+        );
+    }
+
+    // Re-weighting moves replicas: 3/3, and east's StatefulSet is never recreated.
+    let uids_before = federation.member_uids(&databases()).await?;
+    federation
+        .apply(
+            &policies(),
+            federation.policy("orders", selector.clone(), weighted(1, 1), json!({})),
+        )
+        .await?;
+    federation
+        .wait_copies(
+            &databases(),
+            "orders",
+            "east 3, west 3, all Ready",
+            Duration::from_secs(120),
+            |c| ready_at(c, &[("east", 3), ("west", 3)]),
+        )
+        .await?;
+    assert_eq!(
+        federation.member_uids(&databases()).await?,
+        uids_before,
+        "moved in place, not recreated"
+    );
+
+    // A hub restart changes nothing in the members, and the new hub writes nothing.
+    let statefulsets_before = federation
+        .member_uids(&bulkhead_e2e::federation::statefulsets())
+        .await?;
+    federation.kill_hub();
+    federation.start_hub()?;
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let writes = hub_writes(&federation).await?;
+    assert_eq!(
+        writes, 0.0,
+        "a restarted hub with nothing to change writes nothing"
+    );
+    assert_eq!(federation.member_uids(&databases()).await?, uids_before);
+    assert_eq!(
+        federation
+            .member_uids(&bulkhead_e2e::federation::statefulsets())
+            .await?,
+        statefulsets_before
+    );
+
+    // Deleting the template deletes every copy, then the template goes.
+    federation
+        .api("hub", &databases())
+        .delete("orders", &DeleteParams::default())
+        .await?;
+    federation
+        .wait_copies(
+            &databases(),
+            "orders",
+            "gone everywhere",
+            Duration::from_secs(60),
+            |c| c.is_empty(),
+        )
+        .await?;
+    wait_for("the template to go", Duration::from_secs(30), || async {
+        match federation.api("hub", &databases()).get_opt("orders").await {
+            Ok(None) => Check::Done(()),
+            Ok(Some(db)) => Check::Waiting(format!("finalizers {:?}", db.metadata.finalizers)),
+            Err(e) => Check::Waiting(e.to_string()),
+        }
+    })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn duplicated_kinds_conflicts_and_cleanup_during_a_partition() -> Result<()> {
+    let federation = Federation::start("prop-dup", &[]).await?;
+    let ns = federation.namespace.clone();
+
+    // A Deployment Duplicated to all three members.
+    federation
+        .apply(
+            &policies(),
+            federation.policy(
+                "web",
+                json!([{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"}]),
+                json!({"replicaScheduling": {"type": "Duplicated"}}),
+                json!({}),
+            ),
+        )
+        .await?;
+    federation
+        .apply(&deployments(), deployment("web", 2, "nginx:1"))
+        .await?;
+    federation
+        .wait_copies(
+            &deployments(),
+            "web",
+            "2 Ready replicas in each member",
+            Duration::from_secs(90),
+            |c| ready_at(c, &[("east", 2), ("west", 2), ("north", 2)]),
+        )
+        .await?;
+    wait_for(
+        "the template's status to sum 6 ready",
+        Duration::from_secs(30),
+        || async {
+            match federation.api("hub", &deployments()).get("web").await {
+                Ok(d) if d.data["status"]["readyReplicas"] == 6 => Check::Done(()),
+                Ok(d) => Check::Waiting(d.data["status"].to_string()),
+                Err(e) => Check::Waiting(e.to_string()),
+            }
+        },
+    )
+    .await?;
+
+    // A ConfigMap follows its policy: east and west only, and updates follow it.
+    federation
+        .apply(
+            &policies(),
+            federation.policy(
+                "settings",
+                json!([{"apiVersion": "v1", "kind": "ConfigMap", "labelSelector": {"matchLabels": {"app": "settings"}}}]),
+                json!({"clusterAffinity": {"clusterNames": ["east", "west"]}}),
+                json!({}),
+            ),
+        )
+        .await?;
+    let settings = |value: &str| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings", "labels": {"app": "settings"}}, "data": {"mode": value}});
+    federation.apply(&config_maps(), settings("a")).await?;
+    let has = |cluster: &'static str, value: &'static str| {
+        let api = federation.api(cluster, &config_maps());
+        async move {
+            api.get_opt("settings")
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|c| c.data["data"]["mode"] == value)
+        }
+    };
+    wait_for(
+        "settings in east and west",
+        Duration::from_secs(30),
+        || async {
+            if has("east", "a").await && has("west", "a").await {
+                Check::Done(())
+            } else {
+                Check::Waiting("not yet".into())
+            }
+        },
+    )
+    .await?;
+    assert!(
+        federation
+            .api("north", &config_maps())
+            .get_opt("settings")
+            .await?
+            .is_none()
+    );
+    federation.apply(&config_maps(), settings("b")).await?;
+    wait_for(
+        "the update in east and west",
+        Duration::from_secs(30),
+        || async {
+            if has("east", "b").await && has("west", "b").await {
+                Check::Done(())
+            } else {
+                Check::Waiting("not yet".into())
+            }
+        },
+    )
+    .await?;
+
+    // An unmanaged object of the same name: a conflict, reported and left untouched.
+    let north_api = federation.api("north", &config_maps());
+    let theirs: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "taken", "namespace": ns}, "data": {"owner": "someone else"}
+    }))?;
+    north_api.create(&PostParams::default(), &theirs).await?;
+    federation
+        .apply(
+            &policies(),
+            federation.policy(
+                "taken",
+                json!([{"apiVersion": "v1", "kind": "ConfigMap", "name": "taken"}]),
+                json!({}),
+                json!({"conflictResolution": "Abort"}),
+            ),
+        )
+        .await?;
+    federation
+        .apply(&config_maps(), json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "taken"}, "data": {"owner": "hub"}}))
+        .await?;
+    let binding: ResourceBinding = federation
+        .wait_binding(
+            "taken-configmap",
+            "a conflict in north",
+            Duration::from_secs(30),
+            |b| {
+                let status = b.status.as_ref()?;
+                let north = status.clusters.iter().find(|r| r.name == "north")?;
+                let conflict = north
+                    .message
+                    .as_deref()
+                    .is_some_and(|m| m.contains("not managed by Bulkhead"));
+                (conflict && !north.applied).then(|| b.clone())
+            },
+        )
+        .await?;
+    let propagated = bulkhead::api::find_condition(
+        &binding.status.as_ref().context("status")?.conditions,
+        "Propagated",
+    )
+    .context("Propagated")?
+    .clone();
+    assert_eq!(
+        (propagated.status.as_str(), propagated.reason.as_str()),
+        ("False", "Conflict")
+    );
+    let untouched = north_api.get("taken").await?;
+    assert_eq!(untouched.data["data"]["owner"], "someone else");
+    assert!(
+        untouched
+            .labels()
+            .get(bulkhead::api::LABEL_MANAGED_BY)
+            .is_none()
+    );
+    assert_eq!(
+        federation
+            .api("east", &config_maps())
+            .get("taken")
+            .await?
+            .data["data"]["owner"],
+        "hub",
+        "the other members got it"
+    );
+
+    // Deleting the Deployment while east is cut off: gone from west and north at once,
+    // kept in east until the partition heals, then gone there too.
+    let partition = Partition::start(&federation.lab, "east")?;
+    tokio::time::sleep(Duration::from_secs(6)).await; // east is Unreachable by now
+    federation
+        .api("hub", &deployments())
+        .delete("web", &DeleteParams::default())
+        .await?;
+    let copies = federation
+        .wait_copies(
+            &deployments(),
+            "web",
+            "only east's copy left",
+            Duration::from_secs(30),
+            |c| c.len() == 1 && c[0].cluster == "east",
+        )
+        .await?;
+    eprintln!("during the partition: {:?}", placement(&copies));
+    federation
+        .wait_binding(
+            "web-deployment",
+            "east pending cleanup",
+            Duration::from_secs(15),
+            |b| {
+                b.status
+                    .as_ref()?
+                    .clusters
+                    .iter()
+                    .any(|r| r.name == "east" && r.pending_cleanup)
+                    .then_some(())
+            },
+        )
+        .await?;
+    assert!(
+        federation
+            .api("hub", &deployments())
+            .get_opt("web")
+            .await?
+            .is_some(),
+        "the template waits for east"
+    );
+    partition.heal()?;
+    federation
+        .wait_copies(
+            &deployments(),
+            "web",
+            "gone everywhere after the heal",
+            Duration::from_secs(60),
+            |c| c.is_empty(),
+        )
+        .await?;
+    wait_for("the template to go", Duration::from_secs(30), || async {
+        match federation.api("hub", &deployments()).get_opt("web").await {
+            Ok(None) => Check::Done(()),
+            Ok(Some(_)) => Check::Waiting("still there".into()),
+            Err(e) => Check::Waiting(e.to_string()),
+        }
+    })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn propagation_latency_of_a_burst_of_template_updates() -> Result<()> {
+    let federation = Federation::start("prop-latency", &[]).await?;
+    federation
+        .apply(
+            &policies(),
+            federation.policy(
+                "burst",
+                json!([{"apiVersion": "v1", "kind": "ConfigMap", "labelSelector": {"matchLabels": {"burst": "yes"}}}]),
+                json!({}),
+                json!({}),
+            ),
+        )
+        .await?;
+    const TEMPLATES: usize = 5;
+    const ROUNDS: usize = 10;
+    let object = |i: usize, round: usize| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": format!("burst-{i}"), "labels": {"burst": "yes"}}, "data": {"round": round.to_string()}});
+    for i in 0..TEMPLATES {
+        federation.apply(&config_maps(), object(i, 0)).await?;
+    }
+    for i in 0..TEMPLATES {
+        let name = format!("burst-{i}");
+        federation
+            .wait_copies(
+                &config_maps(),
+                &name,
+                "in every member",
+                Duration::from_secs(30),
+                |c| c.len() == 3,
+            )
+            .await?;
+    }
+
+    // 50 changes at about 50/s; every member copy watched for each change.
+    let mut watchers = vec![];
+    for (cluster, client) in &federation.members {
+        let api = kube::Api::<kube::api::DynamicObject>::namespaced_with(
+            client.clone(),
+            &federation.namespace,
+            &config_maps(),
+        );
+        let cluster = cluster.clone();
+        watchers.push(tokio::spawn(async move {
+            use futures::StreamExt;
+            use kube::runtime::{WatchStreamExt, watcher};
+            let mut seen = std::collections::HashMap::new();
+            let stream =
+                watcher(api, watcher::Config::default().labels("burst=yes")).applied_objects();
+            futures::pin_mut!(stream);
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            while seen.len() < TEMPLATES * ROUNDS {
+                let Ok(Some(Ok(object))) = tokio::time::timeout_at(deadline, stream.next()).await
+                else {
+                    break;
+                };
+                let name = kube::ResourceExt::name_any(&object);
+                let round: usize = object.data["data"]["round"]
+                    .as_str()
+                    .and_then(|r| r.parse().ok())
+                    .unwrap_or(0);
+                if round > 0 {
+                    seen.entry((name, round)).or_insert_with(Instant::now);
+                }
+            }
+            (cluster, seen)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut changed_at = std::collections::HashMap::new();
+    let started = Instant::now();
+    for round in 1..=ROUNDS {
+        for i in 0..TEMPLATES {
+            let at = Instant::now();
+            federation.apply(&config_maps(), object(i, round)).await?;
+            changed_at.insert((format!("burst-{i}"), round), at);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let rate = (TEMPLATES * ROUNDS) as f64 / started.elapsed().as_secs_f64();
+    let mut latencies = vec![];
+    for watcher in watchers {
+        let (cluster, seen) = watcher.await?;
+        assert_eq!(seen.len(), TEMPLATES * ROUNDS, "{cluster} saw every change");
+        for (key, at) in seen {
+            latencies.push(at.duration_since(changed_at[&key]).as_secs_f64() * 1000.0);
+        }
+    }
+    latencies.sort_by(f64::total_cmp);
+    let quantile =
+        |q: f64| latencies[((latencies.len() as f64 * q).ceil() as usize).saturating_sub(1)];
+    println!(
+        "propagation latency, {} member updates from {} template changes at {rate:.0}/s over 3 members: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms (budget: p99 <= 250 ms with 5 members at 50/s)",
+        latencies.len(),
+        TEMPLATES * ROUNDS,
+        quantile(0.5),
+        quantile(0.99),
+        latencies.last().copied().unwrap_or_default()
+    );
+    Ok(())
+}

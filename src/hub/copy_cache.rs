@@ -1,0 +1,209 @@
+//! The hub's view of its copies in every member: one watch per member and template kind,
+//! selecting `federation.example.com/managed-by=bulkhead`, kept in reflector stores.
+//!
+//! A store keeps its last content while its member is unreachable (the propagator then
+//! knows which copies a cut-off member still holds), and is rebuilt from a fresh list when
+//! the member turns healthy again: a watch whose TCP connection silently died in a
+//! partition would otherwise keep reporting the state from before it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::{StreamExt, stream};
+use kube::api::{ApiResource, DynamicObject};
+use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::LABEL_MANAGED_BY;
+use crate::hub::copies::MANAGED_BY;
+use crate::hub::health::Health;
+use crate::hub::prober::HealthBoard;
+use crate::hub::{Registry, tasks};
+
+/// One member's copies, by template kind.
+pub struct ClusterCopies {
+    stores: Vec<(ApiResource, Store<DynamicObject>)>,
+}
+
+impl ClusterCopies {
+    fn store(&self, resource: &ApiResource) -> Option<&Store<DynamicObject>> {
+        self.stores
+            .iter()
+            .find(|(ar, _)| ar.kind == resource.kind && ar.group == resource.group)
+            .map(|(_, store)| store)
+    }
+
+    /// The copies of this kind have been listed completely at least once.
+    pub fn synced(&self, resource: &ApiResource) -> bool {
+        self.store(resource).is_some_and(|store| {
+            futures::FutureExt::now_or_never(store.wait_until_ready())
+                .is_some_and(|ready| ready.is_ok())
+        })
+    }
+
+    /// The managed copy of `namespace/name` of this kind, as last seen.
+    pub fn get(
+        &self,
+        resource: &ApiResource,
+        namespace: &str,
+        name: &str,
+    ) -> Option<Arc<DynamicObject>> {
+        self.store(resource)?
+            .get(&ObjectRef::new_with(name, resource.clone()).within(namespace))
+    }
+
+    /// Every copy of this kind (metrics and tests).
+    pub fn all(&self, resource: &ApiResource) -> Vec<Arc<DynamicObject>> {
+        self.store(resource).map(Store::state).unwrap_or_default()
+    }
+}
+
+/// Every member's copies. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct CopyCaches {
+    members: Arc<Mutex<HashMap<String, Arc<ClusterCopies>>>>,
+    /// Woken on every change in any member's copies.
+    pub changed: Arc<Notify>,
+}
+
+impl CopyCaches {
+    /// One member's copies, if the hub watches it.
+    pub fn member(&self, name: &str) -> Option<Arc<ClusterCopies>> {
+        self.members
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    fn set(&self, name: &str, copies: Option<Arc<ClusterCopies>>) {
+        let mut members = self.members.lock().unwrap_or_else(|p| p.into_inner());
+        match copies {
+            Some(copies) => members.insert(name.to_string(), copies),
+            None => members.remove(name),
+        };
+    }
+}
+
+/// Watches every member's copies of `kinds` until shutdown.
+pub async fn run(
+    caches: CopyCaches,
+    registry: Registry,
+    board: HealthBoard,
+    kinds: Vec<ApiResource>,
+    shutdown: CancellationToken,
+) {
+    let inner = registry.clone();
+    tasks::per_member(registry, shutdown, move |name, cancel| {
+        watch_member(
+            caches.clone(),
+            inner.clone(),
+            board.clone(),
+            kinds.clone(),
+            name,
+            cancel,
+        )
+    })
+    .await;
+}
+
+fn is_healthy(board: &HealthBoard, name: &str) -> bool {
+    board
+        .entries()
+        .get(name)
+        .is_some_and(|entry| entry.health == Health::Healthy)
+}
+
+/// Watches one member; restarts its watches when its credentials change or it turns
+/// healthy again after a failure.
+async fn watch_member(
+    caches: CopyCaches,
+    registry: Registry,
+    board: HealthBoard,
+    kinds: Vec<ApiResource>,
+    name: String,
+    cancel: CancellationToken,
+) {
+    let mut registry_changes = registry.subscribe();
+    let mut board_changes = board.subscribe();
+    'connect: loop {
+        let Some(handle) = registry.get(&name) else {
+            break;
+        };
+        let version = handle
+            .connection
+            .as_ref()
+            .ok()
+            .map(|c| c.secret_version.clone());
+        let Some(client) = handle.client().cloned() else {
+            // No usable credentials: wait for the Secret to change.
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = registry_changes.changed() => continue,
+            }
+        };
+        let (copies, mut events) = start_watches(&client, &kinds);
+        caches.set(&name, Some(Arc::new(copies)));
+        let mut was_healthy = is_healthy(&board, &name);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => break 'connect,
+                event = events.next() => match event {
+                    Some(()) => caches.changed.notify_one(),
+                    None => tokio::time::sleep(Duration::from_secs(1)).await,
+                },
+                changed = registry_changes.changed() => {
+                    if changed.is_err() { break 'connect }
+                    let now = registry.get(&name).and_then(|h| h.connection.ok().map(|c| c.secret_version));
+                    if now != version { continue 'connect }
+                }
+                changed = board_changes.changed() => {
+                    if changed.is_err() { break 'connect }
+                    let healthy = is_healthy(&board, &name);
+                    let recovered = healthy && !was_healthy;
+                    was_healthy = healthy;
+                    if recovered {
+                        tracing::debug!(member = %name, "member healthy again; re-listing its copies");
+                        caches.changed.notify_one();
+                        continue 'connect;
+                    }
+                }
+            }
+        }
+    }
+    caches.set(&name, None);
+    caches.changed.notify_one();
+}
+
+/// Label selector of the hub's copies.
+pub fn managed_selector() -> String {
+    format!("{LABEL_MANAGED_BY}={MANAGED_BY}")
+}
+
+fn start_watches(
+    client: &Client,
+    kinds: &[ApiResource],
+) -> (
+    ClusterCopies,
+    stream::SelectAll<futures::stream::BoxStream<'static, ()>>,
+) {
+    let mut stores = vec![];
+    let mut streams = vec![];
+    for resource in kinds {
+        let writer = reflector::store::Writer::<DynamicObject>::new(resource.clone());
+        stores.push((resource.clone(), writer.as_reader()));
+        let api = Api::<DynamicObject>::all_with(client.clone(), resource);
+        let config = watcher::Config::default().labels(&managed_selector());
+        streams.push(
+            reflector(writer, watcher(api, config))
+                .default_backoff()
+                .map(|_| ())
+                .boxed(),
+        );
+    }
+    (ClusterCopies { stores }, stream::select_all(streams))
+}

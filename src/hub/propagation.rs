@@ -1,0 +1,595 @@
+//! Propagation (DESIGN.md section 4), pure: given a template, its binding's decision and
+//! what the hub last saw in every member, which copies to apply and which to delete.
+//!
+//! Deletion has exactly three causes, and only two of them are decided here:
+//! - the template is being deleted (`deleting`): every copy goes, reachable clusters now,
+//!   the others when they return (pending cleanup);
+//! - the placement moved replicas away from a cluster, and the replacement is Ready
+//!   (make-before-break): until then the old copy keeps its replicas.
+//!
+//! A copy is deleted only when the hub has positive evidence of it: the cluster is
+//! reachable, its copies have been listed since the hub started (the cache is synced),
+//! and the copy is in that list. A restart, a lost cache or an unreachable cluster
+//! therefore never deletes anything; at worst it postpones a cleanup.
+
+use std::collections::BTreeMap;
+
+use kube::api::DynamicObject;
+use serde_json::Value;
+
+use crate::api::resource_binding::TargetCluster;
+use crate::hub::copies::member_copy;
+
+/// What the hub knows about one member cluster and the template's copy in it.
+#[derive(Clone, Copy, Debug)]
+pub struct MemberCopy<'a> {
+    pub cluster: &'a str,
+    /// The MemberCluster is Ready: requests to it are expected to work.
+    pub reachable: bool,
+    /// The hub's cache of this cluster's managed copies holds a complete list.
+    pub synced: bool,
+    /// The managed copy as last seen (possibly stale while the cluster is unreachable).
+    pub copy: Option<&'a DynamicObject>,
+}
+
+/// One propagation question.
+#[derive(Clone, Copy, Debug)]
+pub struct PlanInput<'a> {
+    /// The hub template, as JSON.
+    pub template: &'a Value,
+    /// The binding label value `<namespace>.<name>`.
+    pub binding: &'a str,
+    /// Deployment, StatefulSet, MyDatabase: per-cluster `spec.replicas`.
+    pub divisible: bool,
+    /// The binding's decision.
+    pub targets: &'a [TargetCluster],
+    /// The template has a deletionTimestamp: remove every copy.
+    pub deleting: bool,
+    /// Every registered member.
+    pub members: &'a [MemberCopy<'a>],
+    /// Clusters the binding's status records as still holding a copy to delete.
+    pub pending: &'a [String],
+}
+
+/// Server-side apply of a copy to a member.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Apply {
+    pub cluster: String,
+    pub object: Value,
+    /// The hub has not seen a managed copy there: the executor must first check for an
+    /// unmanaged object of the same name (conflictResolution).
+    pub check_conflict: bool,
+}
+
+/// Deletion of a managed copy, guarded by its UID.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Delete {
+    pub cluster: String,
+    pub uid: Option<String>,
+}
+
+/// The answer.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Plan {
+    pub applies: Vec<Apply>,
+    pub deletes: Vec<Delete>,
+    /// Clusters that still hold (or may hold) a copy the hub must delete later.
+    pub pending_cleanup: Vec<String>,
+    /// Per-cluster explanations of what the hub is waiting for.
+    pub notes: BTreeMap<String, String>,
+    /// The replicas each target cluster's copy is applied with (a shrinking cluster keeps
+    /// its current count until the replacement is Ready).
+    pub applied_replicas: BTreeMap<String, i32>,
+    /// Deleting, and no copy is left anywhere: the finalizer can go.
+    pub cleanup_done: bool,
+}
+
+/// `spec.replicas` of a copy.
+pub fn copy_replicas(copy: &DynamicObject) -> Option<i32> {
+    copy.data["spec"]["replicas"].as_i64().map(|r| r as i32)
+}
+
+/// Ready replicas a copy reports.
+pub fn copy_ready(copy: &DynamicObject) -> i32 {
+    copy.data["status"]["readyReplicas"].as_i64().unwrap_or(0) as i32
+}
+
+/// Whether the member copy already carries every field of `desired` (labels and
+/// annotations included); fields others added, server defaults and status are ignored.
+pub fn copy_matches(desired: &Value, existing: &DynamicObject) -> bool {
+    use crate::hub::copies::already_matches;
+    if existing.metadata.deletion_timestamp.is_some() {
+        return false;
+    }
+    let maps_match = |want: &Value, have: Option<&BTreeMap<String, String>>| {
+        want.as_object().into_iter().flatten().all(|(key, value)| {
+            have.and_then(|m| m.get(key))
+                .is_some_and(|present| value.as_str() == Some(present.as_str()))
+        })
+    };
+    let metadata = &desired["metadata"];
+    maps_match(&metadata["labels"], existing.metadata.labels.as_ref())
+        && maps_match(
+            &metadata["annotations"],
+            existing.metadata.annotations.as_ref(),
+        )
+        && desired
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(key, _)| !matches!(key.as_str(), "apiVersion" | "kind" | "metadata"))
+            .all(|(key, value)| {
+                existing
+                    .data
+                    .get(key)
+                    .is_some_and(|present| already_matches(value, present))
+            })
+}
+
+/// Plans one template; see the module documentation.
+pub fn plan(input: &PlanInput<'_>) -> Plan {
+    let mut plan = Plan::default();
+    if input.deleting {
+        plan_cleanup(input, &mut plan);
+        return plan;
+    }
+    let target = |cluster: &str| input.targets.iter().find(|t| t.name == cluster);
+    let replacement_ready = replacement_ready(input);
+
+    for member in input.members {
+        let cluster = member.cluster.to_string();
+        match target(member.cluster) {
+            Some(t) => {
+                if !member.reachable {
+                    plan.notes.insert(
+                        cluster,
+                        "cluster unreachable; the copy is applied when it returns".into(),
+                    );
+                    continue;
+                }
+                if !member.synced {
+                    plan.notes.insert(
+                        cluster,
+                        "listing the cluster's copies; applied once they are known".into(),
+                    );
+                    continue;
+                }
+                let mut replicas = t.replicas;
+                if input.divisible
+                    && let Some(current) = member.copy.and_then(copy_replicas)
+                    && current > replicas
+                    && !replacement_ready
+                {
+                    plan.notes.insert(
+                        cluster.clone(),
+                        format!(
+                            "keeping {current} replicas until the new placement is Ready elsewhere (make-before-break), then {replicas}"
+                        ),
+                    );
+                    replicas = current;
+                }
+                plan.applied_replicas.insert(cluster.clone(), replicas);
+                let desired = member_copy(input.template, input.binding, Some(replicas));
+                if member.copy.is_some_and(|copy| copy_matches(&desired, copy)) {
+                    continue;
+                }
+                plan.applies.push(Apply {
+                    cluster,
+                    object: desired,
+                    check_conflict: member.copy.is_none(),
+                });
+            }
+            None => {
+                let recorded = input.pending.iter().any(|p| p == member.cluster);
+                let holds = member.copy.is_some();
+                if member.reachable && member.synced {
+                    if !holds {
+                        continue;
+                    }
+                    if replacement_ready {
+                        plan.deletes.push(Delete {
+                            cluster: cluster.clone(),
+                            uid: member.copy.and_then(|c| c.metadata.uid.clone()),
+                        });
+                        plan.notes.insert(
+                            cluster.clone(),
+                            "removed from the placement; deleting the copy".into(),
+                        );
+                    } else {
+                        plan.notes.insert(
+                            cluster.clone(),
+                            "removed from the placement; the copy stays until the new placement is Ready (make-before-break)".into(),
+                        );
+                    }
+                    plan.pending_cleanup.push(cluster);
+                } else if holds || recorded {
+                    plan.notes.insert(
+                        cluster.clone(),
+                        "removed from the placement; the copy is deleted once the cluster is reachable and the new placement is Ready".into(),
+                    );
+                    plan.pending_cleanup.push(cluster);
+                }
+            }
+        }
+    }
+    plan
+}
+
+/// Every cluster that keeps or gains replicas is Ready at its target: only then may a
+/// shrinking or removed cluster lose its replicas. An unreachable cluster counts only
+/// when it would gain replicas (its copy there is older and smaller).
+fn replacement_ready(input: &PlanInput<'_>) -> bool {
+    input.targets.iter().all(|t| {
+        let member = input.members.iter().find(|m| m.cluster == t.name);
+        let copy = member.and_then(|m| m.copy);
+        let current = copy.and_then(copy_replicas);
+        if input.divisible && current.is_some_and(|c| c > t.replicas) {
+            return true; // shrinking itself
+        }
+        match member {
+            Some(m) if m.reachable && m.synced => match copy {
+                None => false,
+                Some(copy) if !input.divisible => copy.metadata.deletion_timestamp.is_none(),
+                Some(copy) => current == Some(t.replicas) && copy_ready(copy) >= t.replicas,
+            },
+            // Unreachable: it blocks only if it was to grow.
+            _ => current.is_some_and(|c| c >= t.replicas),
+        }
+    })
+}
+
+fn plan_cleanup(input: &PlanInput<'_>, plan: &mut Plan) {
+    for member in input.members {
+        let cluster = member.cluster.to_string();
+        if member.reachable && member.synced {
+            if let Some(copy) = member.copy {
+                if copy.metadata.deletion_timestamp.is_none() {
+                    plan.deletes.push(Delete {
+                        cluster: cluster.clone(),
+                        uid: copy.metadata.uid.clone(),
+                    });
+                }
+                plan.notes
+                    .insert(cluster.clone(), "deleting the copy".into());
+                plan.pending_cleanup.push(cluster);
+            }
+        } else {
+            let placed = input.targets.iter().any(|t| t.name == member.cluster);
+            let recorded = input.pending.iter().any(|p| p == member.cluster);
+            if member.copy.is_some() || placed || recorded {
+                plan.notes.insert(
+                    cluster.clone(),
+                    "template deleted; the copy is deleted once the cluster is reachable".into(),
+                );
+                plan.pending_cleanup.push(cluster);
+            }
+        }
+    }
+    plan.cleanup_done = plan.pending_cleanup.is_empty();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn template(replicas: i64) -> Value {
+        json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "shop", "uid": "hub-uid", "labels": {"app": "web"}},
+            "spec": {"replicas": replicas, "template": {"spec": {"containers": [{"name": "web", "image": "nginx"}]}}}
+        })
+    }
+
+    /// A member copy as the hub's cache would hold it.
+    fn copy(replicas: i32, ready: i32, uid: &str) -> DynamicObject {
+        let mut value = member_copy(&template(6), "shop.web", Some(replicas));
+        value["metadata"]["uid"] = json!(uid);
+        value["spec"]["progressDeadlineSeconds"] = json!(600);
+        value["status"] = json!({"replicas": replicas, "readyReplicas": ready});
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn targets(list: &[(&str, i32)]) -> Vec<TargetCluster> {
+        list.iter()
+            .map(|(name, replicas)| TargetCluster {
+                name: name.to_string(),
+                replicas: *replicas,
+            })
+            .collect()
+    }
+
+    fn member<'a>(cluster: &'a str, copy: Option<&'a DynamicObject>) -> MemberCopy<'a> {
+        MemberCopy {
+            cluster,
+            reachable: true,
+            synced: true,
+            copy,
+        }
+    }
+
+    fn input<'a>(
+        template: &'a Value,
+        targets: &'a [TargetCluster],
+        members: &'a [MemberCopy<'a>],
+    ) -> PlanInput<'a> {
+        PlanInput {
+            template,
+            binding: "shop.web",
+            divisible: true,
+            targets,
+            deleting: false,
+            members,
+            pending: &[],
+        }
+    }
+
+    #[test]
+    fn new_copies_are_applied_with_each_clusters_share_and_checked_for_conflicts() {
+        let template = template(6);
+        let targets = targets(&[("east", 4), ("west", 2)]);
+        let members = [
+            member("east", None),
+            member("west", None),
+            member("north", None),
+        ];
+        let plan = plan(&input(&template, &targets, &members));
+        let applied: Vec<(&str, i64, bool)> = plan
+            .applies
+            .iter()
+            .map(|a| {
+                (
+                    a.cluster.as_str(),
+                    a.object["spec"]["replicas"].as_i64().unwrap(),
+                    a.check_conflict,
+                )
+            })
+            .collect();
+        assert_eq!(applied, [("east", 4, true), ("west", 2, true)]);
+        assert!(plan.deletes.is_empty() && plan.pending_cleanup.is_empty());
+    }
+
+    #[test]
+    fn a_matching_copy_costs_no_write_and_a_drifted_one_is_reapplied() {
+        let template = template(6);
+        let targets = targets(&[("east", 4), ("west", 2)]);
+        let east = copy(4, 4, "e");
+        let west = copy(2, 2, "w");
+        let members = [member("east", Some(&east)), member("west", Some(&west))];
+        assert_eq!(
+            plan(&input(&template, &targets, &members)),
+            Plan {
+                applied_replicas: [("east".into(), 4), ("west".into(), 2)].into(),
+                ..Default::default()
+            }
+        );
+
+        let mut drifted = copy(4, 4, "e");
+        drifted.data["spec"]["template"]["spec"]["containers"][0]["image"] = json!("other");
+        let members = [member("east", Some(&drifted)), member("west", Some(&west))];
+        let plan = plan(&input(&template, &targets, &members));
+        assert_eq!(plan.applies.len(), 1);
+        assert!(!plan.applies[0].check_conflict, "ours already");
+    }
+
+    #[test]
+    fn shrinking_waits_for_the_growing_cluster_to_be_ready() {
+        let template = template(6);
+        // Weights changed from 4/2 to 3/3: west grows first, east keeps 4.
+        let targets = targets(&[("east", 3), ("west", 3)]);
+        let east = copy(4, 4, "e");
+        let west_old = copy(2, 2, "w");
+        let members = [member("east", Some(&east)), member("west", Some(&west_old))];
+        let first = plan(&input(&template, &targets, &members));
+        let replicas: Vec<(&str, i64)> = first
+            .applies
+            .iter()
+            .map(|a| {
+                (
+                    a.cluster.as_str(),
+                    a.object["spec"]["replicas"].as_i64().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(replicas, [("west", 3)], "east is held at 4");
+        assert!(first.notes["east"].contains("make-before-break"));
+
+        let west_growing = copy(3, 2, "w");
+        let members = [
+            member("east", Some(&east)),
+            member("west", Some(&west_growing)),
+        ];
+        assert!(
+            plan(&input(&template, &targets, &members))
+                .applies
+                .is_empty(),
+            "still waiting"
+        );
+
+        let west_ready = copy(3, 3, "w");
+        let members = [
+            member("east", Some(&east)),
+            member("west", Some(&west_ready)),
+        ];
+        let last = plan(&input(&template, &targets, &members));
+        assert_eq!(last.applies.len(), 1);
+        assert_eq!(
+            (
+                last.applies[0].cluster.as_str(),
+                last.applies[0].object["spec"]["replicas"].as_i64()
+            ),
+            ("east", Some(3))
+        );
+    }
+
+    #[test]
+    fn a_removed_cluster_is_deleted_only_after_the_replacement_is_ready() {
+        let template = template(6);
+        let targets = targets(&[("west", 3), ("north", 3)]);
+        let east = copy(2, 2, "e");
+        let west = copy(2, 2, "w");
+        let north = copy(2, 2, "n");
+        let members = [
+            member("east", Some(&east)),
+            member("west", Some(&west)),
+            member("north", Some(&north)),
+        ];
+        let first = plan(&input(&template, &targets, &members));
+        assert!(first.deletes.is_empty());
+        assert_eq!(first.pending_cleanup, ["east"]);
+        assert_eq!(first.applies.len(), 2);
+
+        let west = copy(3, 3, "w");
+        let north = copy(3, 3, "n");
+        let members = [
+            member("east", Some(&east)),
+            member("west", Some(&west)),
+            member("north", Some(&north)),
+        ];
+        let last = plan(&input(&template, &targets, &members));
+        assert_eq!(
+            last.deletes,
+            [Delete {
+                cluster: "east".into(),
+                uid: Some("e".into())
+            }]
+        );
+    }
+
+    #[test]
+    fn nothing_is_deleted_in_a_cluster_the_hub_cannot_see() {
+        let template = template(6);
+        let targets = targets(&[("west", 3), ("north", 3)]);
+        let east = copy(2, 2, "e");
+        let west = copy(3, 3, "w");
+        let north = copy(3, 3, "n");
+        let mut unreachable = member("east", Some(&east));
+        unreachable.reachable = false;
+        let members = [
+            unreachable,
+            member("west", Some(&west)),
+            member("north", Some(&north)),
+        ];
+        let plan_unreachable = plan(&input(&template, &targets, &members));
+        assert!(plan_unreachable.deletes.is_empty());
+        assert_eq!(plan_unreachable.pending_cleanup, ["east"]);
+
+        // A restarted hub that has not listed east yet, with the cleanup recorded.
+        let mut unsynced = member("east", None);
+        unsynced.synced = false;
+        let members = [
+            unsynced,
+            member("west", Some(&west)),
+            member("north", Some(&north)),
+        ];
+        let pending = vec!["east".to_string()];
+        let mut restarted = input(&template, &targets, &members);
+        restarted.pending = &pending;
+        let plan_restarted = plan(&restarted);
+        assert!(plan_restarted.deletes.is_empty());
+        assert_eq!(plan_restarted.pending_cleanup, ["east"], "still pending");
+
+        // Synced and empty: nothing to delete, nothing pending.
+        let members = [
+            member("east", None),
+            member("west", Some(&west)),
+            member("north", Some(&north)),
+        ];
+        let mut synced = input(&template, &targets, &members);
+        synced.pending = &pending;
+        assert_eq!(plan(&synced).pending_cleanup, Vec::<String>::new());
+    }
+
+    #[test]
+    fn an_unreachable_target_is_left_alone_and_blocks_shrinking_only_if_it_grows() {
+        let template = template(6);
+        let targets = targets(&[("east", 2), ("west", 2), ("north", 2)]);
+        let east = copy(2, 2, "e");
+        let west = copy(3, 3, "w");
+        let north = copy(3, 3, "n");
+        let mut unreachable = member("east", Some(&east));
+        unreachable.reachable = false;
+        let members = [
+            unreachable,
+            member("west", Some(&west)),
+            member("north", Some(&north)),
+        ];
+        let plan_kept = plan(&input(&template, &targets, &members));
+        assert!(plan_kept.applies.iter().all(|a| a.cluster != "east"));
+        assert_eq!(
+            plan_kept.applies.len(),
+            2,
+            "west and north shrink: east already holds 2"
+        );
+
+        let small = copy(1, 1, "e");
+        let mut unreachable = member("east", Some(&small));
+        unreachable.reachable = false;
+        let members = [
+            unreachable,
+            member("west", Some(&west)),
+            member("north", Some(&north)),
+        ];
+        assert!(
+            plan(&input(&template, &targets, &members))
+                .applies
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn deleting_removes_reachable_copies_now_and_the_rest_later() {
+        let template = template(6);
+        let targets = targets(&[("east", 2), ("west", 2), ("north", 2)]);
+        let east = copy(2, 2, "e");
+        let west = copy(2, 2, "w");
+        let mut unreachable = member("east", Some(&east));
+        unreachable.reachable = false;
+        let members = [
+            unreachable,
+            member("west", Some(&west)),
+            member("north", None),
+        ];
+        let mut deleting = input(&template, &targets, &members);
+        deleting.deleting = true;
+        let plan_now = plan(&deleting);
+        assert_eq!(
+            plan_now.deletes,
+            [Delete {
+                cluster: "west".into(),
+                uid: Some("w".into())
+            }]
+        );
+        assert_eq!(plan_now.pending_cleanup, ["east", "west"]);
+        assert!(!plan_now.cleanup_done);
+
+        let members = [
+            member("east", None),
+            member("west", None),
+            member("north", None),
+        ];
+        let mut done = input(&template, &targets, &members);
+        done.deleting = true;
+        let plan_done = plan(&done);
+        assert!(plan_done.cleanup_done && plan_done.deletes.is_empty());
+    }
+
+    #[test]
+    fn duplicated_kinds_replace_without_replica_math() {
+        let config = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "n"}, "data": {"k": "v"}});
+        let targets = targets(&[("east", 1), ("west", 1)]);
+        let members = [member("east", None), member("west", None)];
+        let plan = plan(&PlanInput {
+            template: &config,
+            binding: "n.c",
+            divisible: false,
+            targets: &targets,
+            deleting: false,
+            members: &members,
+            pending: &[],
+        });
+        assert_eq!(plan.applies.len(), 2);
+        assert_eq!(plan.applies[0].object["data"]["k"], "v");
+        assert!(plan.applies[0].object["spec"].is_null());
+    }
+}
