@@ -482,6 +482,21 @@ async fn install_agent(member: &Client, image: &str) -> Result<()> {
 
 /// Installs the namespace, service account, RBAC and CRDs in the member.
 async fn install_in_member(member: &Client) -> Result<()> {
+    // A namespace left terminating by a recent unjoin refuses new content: wait it out.
+    let namespaces = Api::<Namespace>::all(member.clone());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while namespaces
+        .get_opt(SYSTEM_NAMESPACE)
+        .await?
+        .is_some_and(|ns| ns.metadata.deletion_timestamp.is_some())
+    {
+        if tokio::time::Instant::now() > deadline {
+            bail!(
+                "namespace {SYSTEM_NAMESPACE} in the member is still terminating after 60 s; wait for it to go and join again"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     apply(
         &Api::<Namespace>::all(member.clone()),
         SYSTEM_NAMESPACE,
