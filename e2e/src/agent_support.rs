@@ -5,7 +5,14 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use std::collections::BTreeMap;
+
 use anyhow::{Context, Result, bail};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::ListParams;
+
+use crate::{Check, wait_for};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Patch, PatchParams};
@@ -153,4 +160,74 @@ impl Drop for LeaseRenewer {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// The database's pods that are not being deleted: name -> (uid, image).
+pub async fn pods(
+    client: &Client,
+    ns: &str,
+    name: &str,
+) -> Result<BTreeMap<String, (String, String)>> {
+    let list = Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(&format!("example.com/database={name}")))
+        .await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| {
+            let image = p
+                .spec
+                .as_ref()
+                .and_then(|s| s.containers.first())
+                .and_then(|c| c.image.clone())
+                .unwrap_or_default();
+            (
+                p.metadata.name.unwrap_or_default(),
+                (p.metadata.uid.unwrap_or_default(), image),
+            )
+        })
+        .collect())
+}
+
+/// Ready endpoints of a Service, from its EndpointSlices.
+pub async fn ready_endpoints(client: &Client, ns: &str, service: &str) -> Result<usize> {
+    let list = Api::<EndpointSlice>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={service}")))
+        .await?;
+    Ok(list
+        .items
+        .iter()
+        .flat_map(|s| s.endpoints.iter().flatten())
+        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+        .count())
+}
+
+/// Waits until a Service has exactly `count` ready endpoints.
+pub async fn wait_endpoints(client: &Client, ns: &str, service: &str, count: usize) -> Result<()> {
+    wait_for(
+        &format!("Service {service} with {count} ready endpoints"),
+        Duration::from_secs(30),
+        || async move {
+            match ready_endpoints(client, ns, service).await {
+                Ok(n) if n == count => Check::Done(()),
+                Ok(n) => Check::Waiting(format!("{n} ready endpoints")),
+                Err(e) => Check::Waiting(e.to_string()),
+            }
+        },
+    )
+    .await
+}
+
+/// Whether the database's ConfigMap says `default_transaction_read_only = on`.
+pub async fn config_read_only(client: &Client, ns: &str, name: &str) -> Result<bool> {
+    let cm = Api::<ConfigMap>::namespaced(client.clone(), ns)
+        .get(&format!("{name}-config"))
+        .await?;
+    let conf = cm
+        .data
+        .unwrap_or_default()
+        .remove("postgresql.conf")
+        .unwrap_or_default();
+    Ok(conf.contains("default_transaction_read_only = on"))
 }

@@ -276,10 +276,25 @@ impl Federation {
         .await
     }
 
-    /// Each member's copy of `name`: (cluster, spec.replicas, ready replicas, uid).
+    /// Each member's copy of `name`.
     pub async fn copies(&self, resource: &ApiResource, name: &str) -> Result<Vec<Copy>> {
+        let clusters: Vec<&str> = self.members.keys().map(String::as_str).collect();
+        self.copies_in(&clusters, resource, name).await
+    }
+
+    /// The copies of `name` in `clusters` only (e.g. while another member is down).
+    pub async fn copies_in(
+        &self,
+        clusters: &[&str],
+        resource: &ApiResource,
+        name: &str,
+    ) -> Result<Vec<Copy>> {
         let mut copies = vec![];
-        for (cluster, client) in &self.members {
+        for (cluster, client) in self
+            .members
+            .iter()
+            .filter(|(c, _)| clusters.contains(&c.as_str()))
+        {
             let api =
                 Api::<DynamicObject>::namespaced_with(client.clone(), &self.namespace, resource);
             if let Some(object) = api.get_opt(name).await? {
@@ -298,12 +313,27 @@ impl Federation {
         timeout: Duration,
         check: impl Fn(&[Copy]) -> bool,
     ) -> Result<Vec<Copy>> {
+        let clusters: Vec<&str> = self.members.keys().map(String::as_str).collect();
+        self.wait_copies_in(&clusters, resource, name, what, timeout, check)
+            .await
+    }
+
+    /// [`Federation::wait_copies`] looking at `clusters` only.
+    pub async fn wait_copies_in(
+        &self,
+        clusters: &[&str],
+        resource: &ApiResource,
+        name: &str,
+        what: &str,
+        timeout: Duration,
+        check: impl Fn(&[Copy]) -> bool,
+    ) -> Result<Vec<Copy>> {
         let check = &check;
         wait_for(
             &format!("{} {name}: {what}", resource.kind),
             timeout,
             || async move {
-                match self.copies(resource, name).await {
+                match self.copies_in(clusters, resource, name).await {
                     Ok(copies) if check(&copies) => Check::Done(copies),
                     Ok(copies) => Check::Waiting(format!("{copies:?}")),
                     Err(e) => Check::Waiting(e.to_string()),

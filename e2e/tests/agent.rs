@@ -2,19 +2,20 @@
 //! and fencing by the hub's lease. Each test runs its own agent process limited to the
 //! test's namespace, with the lease in that namespace, so tests never disturb each other.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use bulkhead::api::MyDatabase;
 use bulkhead::api::mydatabase::DatabasePhase;
-use bulkhead_e2e::agent_support::{AgentProcess, LeaseRenewer, renew_lease};
+use bulkhead_e2e::agent_support::{
+    AgentProcess, LeaseRenewer, config_read_only, pods, ready_endpoints, renew_lease,
+    wait_endpoints,
+};
 use bulkhead_e2e::lab;
 use bulkhead_e2e::support::{self, TestNamespace};
 use bulkhead_e2e::{Check, wait_for};
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 
@@ -74,68 +75,6 @@ async fn wait_phase(
     )
     .await
     .with_context(|| format!("agent log:\n{}", agent.log_tail()))
-}
-
-async fn pods(client: &Client, ns: &str, name: &str) -> Result<BTreeMap<String, (String, String)>> {
-    let list = Api::<Pod>::namespaced(client.clone(), ns)
-        .list(&ListParams::default().labels(&format!("example.com/database={name}")))
-        .await?;
-    Ok(list
-        .items
-        .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .map(|p| {
-            let image = p
-                .spec
-                .as_ref()
-                .and_then(|s| s.containers.first())
-                .and_then(|c| c.image.clone())
-                .unwrap_or_default();
-            (
-                p.metadata.name.unwrap_or_default(),
-                (p.metadata.uid.unwrap_or_default(), image),
-            )
-        })
-        .collect())
-}
-
-async fn ready_endpoints(client: &Client, ns: &str, service: &str) -> Result<usize> {
-    let list = Api::<EndpointSlice>::namespaced(client.clone(), ns)
-        .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={service}")))
-        .await?;
-    Ok(list
-        .items
-        .iter()
-        .flat_map(|s| s.endpoints.iter().flatten())
-        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
-        .count())
-}
-
-async fn wait_endpoints(client: &Client, ns: &str, service: &str, count: usize) -> Result<()> {
-    wait_for(
-        &format!("Service {service} with {count} ready endpoints"),
-        Duration::from_secs(30),
-        || async move {
-            match ready_endpoints(client, ns, service).await {
-                Ok(n) if n == count => Check::Done(()),
-                Ok(n) => Check::Waiting(format!("{n} ready endpoints")),
-                Err(e) => Check::Waiting(e.to_string()),
-            }
-        },
-    )
-    .await
-}
-
-async fn config_read_only(client: &Client, ns: &str, name: &str) -> Result<bool> {
-    let cm = Api::<ConfigMap>::namespaced(client.clone(), ns)
-        .get(&format!("{name}-config"))
-        .await?;
-    let conf = cm
-        .data
-        .unwrap_or_default()
-        .remove("postgresql.conf")
-        .unwrap_or_default();
-    Ok(conf.contains("default_transaction_read_only = on"))
 }
 
 #[tokio::test]

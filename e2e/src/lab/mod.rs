@@ -516,6 +516,57 @@ impl Lab {
         members().try_for_each(|info| self.partition(info.name))
     }
 
+    /// Kills one component of a cluster the way a crash would (SIGKILL), e.g. a member's
+    /// kube-apiserver; [`Lab::restart_component`] brings it back.
+    pub fn kill_component(&self, cluster_name: &str, component: &str) -> Result<()> {
+        let _lock = self.lock()?;
+        let mut state = self.read_state().context("the lab is not running")?;
+        let index = state
+            .processes
+            .iter()
+            .position(|p| p.cluster == cluster_name && p.component == component)
+            .with_context(|| format!("{cluster_name} has no running {component}"))?;
+        let record = state.processes.remove(index);
+        procs::stop(record.pid, &self.root, Duration::ZERO);
+        self.write_state(&state)
+    }
+
+    /// Starts a component [`Lab::kill_component`] stopped, with its usual arguments, and
+    /// waits for an API server to be ready again.
+    pub async fn restart_component(&self, cluster_name: &str, component: &str) -> Result<()> {
+        let info = cluster(cluster_name)?;
+        {
+            let _lock = self.lock()?;
+            let mut state = self.read_state().context("the lab is not running")?;
+            let args = match component {
+                "kube-apiserver" => self.apiserver_args(info),
+                "kube-controller-manager" => self.controller_manager_args(info),
+                "kube-scheduler" => self.scheduler_args(info),
+                "kwok" => self.kwok_args(info),
+                other => bail!("cannot restart {other}; use e2e/lab down and up"),
+            };
+            self.start(&mut state, info, component, args)?;
+        }
+        if component == "kube-apiserver" {
+            let client = self.inside_client(cluster_name).await?;
+            wait_for(
+                &format!("{cluster_name} kube-apiserver /readyz"),
+                Duration::from_secs(90),
+                || {
+                    let client = client.clone();
+                    async move {
+                        match readyz(&client).await {
+                            Ok(()) => Check::Done(()),
+                            Err(e) => Check::Waiting(e),
+                        }
+                    }
+                },
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
     /// Heals every partition.
     pub fn heal_all(&self) -> Result<()> {
         firewall::clear_all()

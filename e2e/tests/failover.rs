@@ -1,0 +1,663 @@
+//! The partition suite: the lab, the hub and an agent in every member, a Deployment
+//! (6 replicas, weights 1:1:1) and a MyDatabase (one replica in east and one in west).
+//! Each test cuts something off, checks what DESIGN.md sections 5 and 6 promise, heals,
+//! checks that everything converged back with nothing lost, and prints its timings.
+//! (A template deleted during a partition is in `propagation.rs`.)
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use bulkhead::api::mydatabase::DatabasePhase;
+use bulkhead::api::{MemberCluster, is_condition_true};
+use bulkhead_e2e::agent_support::{config_read_only, pods, ready_endpoints};
+use bulkhead_e2e::federation::{
+    Copy, Federation, LEASE_DURATION_SECONDS, binding_replicas, databases, deployments, policies,
+    ready_at, statefulsets,
+};
+use bulkhead_e2e::support::Partition;
+use bulkhead_e2e::{Check, wait_for};
+use kube::Api;
+use serde_json::json;
+
+/// failover.stateless.tolerationSeconds of the suite's policies.
+const TOLERATION_SECONDS: u64 = 5;
+
+/// Sets up the suite's two templates and waits until they run: web 2/2/2, orders 1/1.
+async fn federation(prefix: &str) -> Result<Federation> {
+    let federation = Federation::start(prefix, &[]).await?;
+    let failover = json!({"failover": {"stateless": {"tolerationSeconds": TOLERATION_SECONDS}}});
+    federation
+        .apply(
+            &policies(),
+            federation.policy(
+                "web",
+                json!([{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"}]),
+                json!({"replicaScheduling": {"type": "Divided", "divisionPreference": "Weighted"}}),
+                failover.clone(),
+            ),
+        )
+        .await?;
+    federation
+        .apply(
+            &policies(),
+            federation.policy(
+                "orders",
+                json!([{"apiVersion": "example.com/v1", "kind": "MyDatabase", "name": "orders"}]),
+                json!({"clusterAffinity": {"clusterNames": ["east", "west"]},
+                       "replicaScheduling": {"type": "Divided", "divisionPreference": "Weighted"}}),
+                failover,
+            ),
+        )
+        .await?;
+    federation
+        .apply(
+            &deployments(),
+            json!({
+                "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+                "spec": {"replicas": 6, "selector": {"matchLabels": {"app": "web"}},
+                         "template": {"metadata": {"labels": {"app": "web"}},
+                                      "spec": {"containers": [{"name": "web", "image": "nginx"}]}}}
+            }),
+        )
+        .await?;
+    federation
+        .apply(
+            &databases(),
+            json!({"apiVersion": "example.com/v1", "kind": "MyDatabase", "metadata": {"name": "orders"},
+                   "spec": {"replicas": 2, "version": "16", "storage": {"size": "1Gi"}}}),
+        )
+        .await?;
+    federation
+        .wait_copies(
+            &deployments(),
+            "web",
+            "2/2/2 Ready",
+            Duration::from_secs(90),
+            |c| ready_at(c, &[("east", 2), ("west", 2), ("north", 2)]),
+        )
+        .await?;
+    federation
+        .wait_copies(
+            &databases(),
+            "orders",
+            "east 1, west 1 Ready",
+            Duration::from_secs(90),
+            |c| ready_at(c, &[("east", 1), ("west", 1)]),
+        )
+        .await?;
+    for cluster in ["east", "west"] {
+        wait_database(
+            &federation,
+            cluster,
+            DatabasePhase::Ready,
+            Duration::from_secs(30),
+        )
+        .await?;
+    }
+    Ok(federation)
+}
+
+/// The phase of the member's copy of `orders`, read inside the member's zone.
+async fn phase(federation: &Federation, cluster: &str) -> Result<Option<String>> {
+    let db = federation.api(cluster, &databases()).get("orders").await?;
+    Ok(db.data["status"]["phase"].as_str().map(str::to_string))
+}
+
+async fn wait_database(
+    federation: &Federation,
+    cluster: &str,
+    wanted: DatabasePhase,
+    timeout: Duration,
+) -> Result<Duration> {
+    let started = Instant::now();
+    let wanted_text = serde_json::to_value(wanted)?
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let wanted_text = &wanted_text;
+    wait_for(
+        &format!("orders in {cluster} {wanted:?}"),
+        timeout,
+        || async move {
+            match phase(federation, cluster).await {
+                Ok(Some(phase)) if &phase == wanted_text => Check::Done(()),
+                Ok(other) => Check::Waiting(format!("{other:?}")),
+                Err(e) => Check::Waiting(e.to_string()),
+            }
+        },
+    )
+    .await?;
+    Ok(started.elapsed())
+}
+
+/// UIDs of the suite's objects in every member: Deployments, StatefulSets, MyDatabases.
+async fn uids(federation: &Federation) -> Result<BTreeMap<String, String>> {
+    let mut all = federation.member_uids(&deployments()).await?;
+    all.extend(federation.member_uids(&statefulsets()).await?);
+    all.extend(federation.member_uids(&databases()).await?);
+    Ok(all)
+}
+
+/// Pod UIDs of `orders` in a member.
+async fn database_pods(federation: &Federation, cluster: &str) -> Result<Vec<String>> {
+    Ok(pods(
+        &federation.members[cluster],
+        &federation.namespace,
+        "orders",
+    )
+    .await?
+    .into_values()
+    .map(|(uid, _)| uid)
+    .collect())
+}
+
+/// Waits until the hub says `cluster` is not Ready; returns the time since `since`.
+async fn wait_unready(federation: &Federation, cluster: &str, since: Instant) -> Result<Duration> {
+    let api: Api<MemberCluster> = Api::all(federation.hub.clone());
+    wait_for(
+        &format!("{cluster} not Ready on the hub"),
+        Duration::from_secs(30),
+        || {
+            let api = api.clone();
+            async move {
+                match api.get(cluster).await {
+                    Ok(mc)
+                        if !mc
+                            .status
+                            .as_ref()
+                            .is_some_and(|s| is_condition_true(&s.conditions, "Ready")) =>
+                    {
+                        Check::Done(())
+                    }
+                    Ok(_) => Check::Waiting("Ready".into()),
+                    Err(e) => Check::Waiting(e.to_string()),
+                }
+            }
+        },
+    )
+    .await?;
+    Ok(since.elapsed())
+}
+
+/// Copies of web in west and north only (east's copy is read inside its zone and may
+/// still be there while cut off).
+fn survivors(copies: &[Copy]) -> Vec<Copy> {
+    copies
+        .iter()
+        .filter(|c| c.cluster != "east")
+        .cloned()
+        .collect()
+}
+
+async fn evictions(federation: &Federation) -> Result<f64> {
+    federation.hub_counter("bulkhead_evictions_total", "").await
+}
+
+/// Polls web's member copies until 2/2/2 Ready again, and returns the smallest number
+/// of Ready replicas seen across all members meanwhile (make-before-break keeps it >= 6).
+async fn converge_back(federation: &Federation, timeout: Duration) -> Result<(Duration, i64)> {
+    let started = Instant::now();
+    let mut lowest = i64::MAX;
+    loop {
+        let copies = federation.copies(&deployments(), "web").await?;
+        lowest = lowest.min(copies.iter().map(|c| c.ready).sum());
+        if ready_at(&copies, &[("east", 2), ("west", 2), ("north", 2)]) {
+            return Ok((started.elapsed(), lowest));
+        }
+        anyhow::ensure!(
+            started.elapsed() < timeout,
+            "not back to 2/2/2 after {timeout:?}: {copies:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_zone_partition_moves_stateless_replicas_and_fences_the_database() -> Result<()> {
+    let federation = federation("fail-zone").await?;
+    let before = uids(&federation).await?;
+    let east_pods = database_pods(&federation, "east").await?;
+    let lease = Duration::from_secs(LEASE_DURATION_SECONDS);
+
+    let cut = Instant::now();
+    let partition = Partition::start(&federation.lab, "east")?;
+
+    // East's agent fences its database by itself: read-only, pods untouched, ro serving.
+    let fenced = wait_database(
+        &federation,
+        "east",
+        DatabasePhase::ReadOnly,
+        Duration::from_secs(20),
+    )
+    .await?;
+    let east = &federation.members["east"];
+    assert!(config_read_only(east, &federation.namespace, "orders").await?);
+    assert_eq!(
+        ready_endpoints(east, &federation.namespace, "orders").await?,
+        0,
+        "no writer"
+    );
+    assert_eq!(
+        ready_endpoints(east, &federation.namespace, "orders-ro").await?,
+        1,
+        "reads go on"
+    );
+    assert_eq!(
+        database_pods(&federation, "east").await?,
+        east_pods,
+        "no pod restarted"
+    );
+
+    // The hub notices, waits out the toleration, and moves web's replicas.
+    let detected = wait_unready(&federation, "east", cut).await?;
+    let moved = federation
+        .wait_copies(
+            &deployments(),
+            "web",
+            "3/3 Ready in west and north",
+            Duration::from_secs(60),
+            |c| ready_at(&survivors(c), &[("west", 3), ("north", 3)]),
+        )
+        .await
+        .map(|_| cut.elapsed())?;
+    let binding = federation
+        .binding("web-deployment")
+        .await?
+        .context("web binding")?;
+    assert_eq!(
+        binding_replicas(&binding),
+        [("north".to_string(), 3), ("west".to_string(), 3)]
+    );
+    let east_row = binding
+        .status
+        .as_ref()
+        .and_then(|s| s.clusters.iter().find(|r| r.name == "east"))
+        .cloned();
+    assert!(
+        east_row.is_some_and(|r| r.pending_cleanup),
+        "east's copy waits for the heal"
+    );
+
+    // The database stays where its data is, marked fenced; nothing stateful anywhere else.
+    let orders = federation
+        .wait_binding(
+            "orders-mydatabase",
+            "east fenced",
+            Duration::from_secs(15),
+            |b| {
+                b.status
+                    .as_ref()?
+                    .clusters
+                    .iter()
+                    .any(|r| r.name == "east" && r.fenced)
+                    .then(|| b.clone())
+            },
+        )
+        .await?;
+    assert_eq!(
+        binding_replicas(&orders),
+        [("east".to_string(), 1), ("west".to_string(), 1)]
+    );
+    let template = federation.api("hub", &databases()).get("orders").await?;
+    let rows = template.data["status"]["clusters"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        rows.iter()
+            .any(|r| r["name"] == "east" && r["fenced"] == true),
+        "{rows:?}"
+    );
+    let degraded = template.data["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Degraded").cloned())
+        .context("Degraded")?;
+    assert_eq!(
+        (degraded["status"].as_str(), degraded["reason"].as_str()),
+        (Some("True"), Some("ClusterUnreachable"))
+    );
+    assert!(
+        federation
+            .api("north", &databases())
+            .get_opt("orders")
+            .await?
+            .is_none()
+    );
+    assert!(
+        federation
+            .api("north", &statefulsets())
+            .get_opt("orders")
+            .await?
+            .is_none()
+    );
+    assert_eq!(
+        federation
+            .api("west", &statefulsets())
+            .get("orders")
+            .await?
+            .data["spec"]["replicas"],
+        1
+    );
+
+    // Heal: back to 2/2/2, make-before-break, east read-write, every UID kept.
+    partition.heal()?;
+    let healed = Instant::now();
+    let (back, lowest) = converge_back(&federation, Duration::from_secs(60)).await?;
+    wait_database(
+        &federation,
+        "east",
+        DatabasePhase::Ready,
+        Duration::from_secs(30),
+    )
+    .await?;
+    let unfenced = healed.elapsed();
+    assert!(
+        lowest >= 6,
+        "make-before-break: {lowest} ready replicas at the lowest"
+    );
+    assert_eq!(
+        uids(&federation).await?,
+        before,
+        "nothing recreated anywhere"
+    );
+    assert_eq!(database_pods(&federation, "east").await?, east_pods);
+    println!(
+        "zone partition: east fenced read-only {:.1}s after the cut (lease {}s + 1s budget); hub detection {:.1}s; \
+         web Ready in west+north {:.1}s after the cut (budget detection + {}s toleration + 5s = {:.1}s); \
+         healed: back to 2/2/2 in {:.1}s with at least {lowest} ready replicas throughout, east read-write {:.1}s after the heal",
+        fenced.as_secs_f64(),
+        LEASE_DURATION_SECONDS,
+        detected.as_secs_f64(),
+        moved.as_secs_f64(),
+        TOLERATION_SECONDS,
+        detected.as_secs_f64() + TOLERATION_SECONDS as f64 + 5.0,
+        back.as_secs_f64(),
+        unfenced.as_secs_f64(),
+    );
+    assert!(
+        fenced <= lease + Duration::from_millis(1300),
+        "fenced after {fenced:?}"
+    );
+    assert!(
+        moved <= detected + Duration::from_secs(TOLERATION_SECONDS + 5),
+        "moved after {moved:?}, detection {detected:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_isolated_hub_freezes_failover_while_every_member_fences() -> Result<()> {
+    let federation = federation("fail-hub").await?;
+    let before = uids(&federation).await?;
+    let web_before = binding_replicas(
+        &federation
+            .binding("web-deployment")
+            .await?
+            .context("binding")?,
+    );
+
+    let cut = Instant::now();
+    federation.lab.isolate_hub()?;
+    let mut fenced = vec![];
+    for cluster in ["east", "west"] {
+        wait_database(
+            &federation,
+            cluster,
+            DatabasePhase::ReadOnly,
+            Duration::from_secs(20),
+        )
+        .await?;
+        fenced.push(format!(
+            "{cluster} {:.1}s after the cut",
+            cut.elapsed().as_secs_f64()
+        ));
+    }
+    wait_for("the hub to freeze", Duration::from_secs(30), || async {
+        match federation.hub_counter("bulkhead_hub_frozen", "").await {
+            Ok(v) if v == 1.0 => Check::Done(()),
+            Ok(v) => Check::Waiting(format!("frozen={v}")),
+            Err(e) => Check::Waiting(e.to_string()),
+        }
+    })
+    .await?;
+    let frozen_after = cut.elapsed();
+    // Well past the toleration: still nothing moved.
+    tokio::time::sleep(Duration::from_secs(TOLERATION_SECONDS + 5)).await;
+    let binding = federation
+        .binding("web-deployment")
+        .await?
+        .context("binding")?;
+    assert_eq!(
+        binding_replicas(&binding),
+        web_before,
+        "no eviction while frozen"
+    );
+    assert_eq!(evictions(&federation).await?, 0.0);
+    let copies = federation.copies(&deployments(), "web").await?;
+    assert!(
+        ready_at(&copies, &[("east", 2), ("west", 2), ("north", 2)]),
+        "{copies:?}"
+    );
+
+    federation.lab.heal_all()?;
+    let healed = Instant::now();
+    for cluster in ["east", "west"] {
+        wait_database(
+            &federation,
+            cluster,
+            DatabasePhase::Ready,
+            Duration::from_secs(30),
+        )
+        .await?;
+    }
+    let unfenced = healed.elapsed();
+    federation
+        .wait_members_ready(Duration::from_secs(30))
+        .await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        binding_replicas(
+            &federation
+                .binding("web-deployment")
+                .await?
+                .context("binding")?
+        ),
+        web_before
+    );
+    assert_eq!(evictions(&federation).await?, 0.0);
+    assert_eq!(uids(&federation).await?, before, "nothing moved or deleted");
+    println!(
+        "hub isolation: fenced {}; hub frozen {:.1}s after the cut; no eviction in {}s past the toleration; \
+         every database read-write {:.1}s after the heal",
+        fenced.join(", "),
+        frozen_after.as_secs_f64(),
+        TOLERATION_SECONDS + 5,
+        unfenced.as_secs_f64()
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_flapping_member_causes_no_churn() -> Result<()> {
+    let federation = federation("fail-flap").await?;
+    let before = uids(&federation).await?;
+    let web_before = binding_replicas(
+        &federation
+            .binding("web-deployment")
+            .await?
+            .context("binding")?,
+    );
+    let started = Instant::now();
+    let mut spec_changes = 0;
+    for _ in 0..5 {
+        let partition = Partition::start(&federation.lab, "east")?;
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        partition.heal()?;
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let now = binding_replicas(
+            &federation
+                .binding("web-deployment")
+                .await?
+                .context("binding")?,
+        );
+        spec_changes += usize::from(now != web_before);
+    }
+    tokio::time::sleep(Duration::from_secs(TOLERATION_SECONDS + 2)).await;
+    assert_eq!(spec_changes, 0, "the placement never changed");
+    assert_eq!(evictions(&federation).await?, 0.0);
+    let copies = federation.copies(&deployments(), "web").await?;
+    assert!(
+        ready_at(&copies, &[("east", 2), ("west", 2), ("north", 2)]),
+        "{copies:?}"
+    );
+    assert_eq!(uids(&federation).await?, before);
+    println!(
+        "flapping: 5 cuts of 1.2s with 2.5s between them over {:.1}s: 0 placement changes, 0 evictions, no object recreated",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_member_api_server_crash_is_a_partition_and_loses_nothing() -> Result<()> {
+    let federation = federation("fail-crash").await?;
+    let before = uids(&federation).await?;
+    let cut = Instant::now();
+    federation.lab.kill_component("east", "kube-apiserver")?;
+    let restart = Restart(&federation);
+    let detected = wait_unready(&federation, "east", cut).await?;
+    let moved = federation
+        .wait_copies_in(
+            &["west", "north"],
+            &deployments(),
+            "web",
+            "3/3 Ready",
+            Duration::from_secs(60),
+            |c| ready_at(c, &[("west", 3), ("north", 3)]),
+        )
+        .await
+        .map(|_| cut.elapsed())?;
+    federation
+        .wait_binding(
+            "orders-mydatabase",
+            "east fenced",
+            Duration::from_secs(15),
+            |b| {
+                b.status
+                    .as_ref()?
+                    .clusters
+                    .iter()
+                    .any(|r| r.name == "east" && r.fenced)
+                    .then_some(())
+            },
+        )
+        .await?;
+    drop(restart);
+    federation
+        .lab
+        .restart_component("east", "kube-apiserver")
+        .await?;
+    let restarted = Instant::now();
+    let (back, lowest) = converge_back(&federation, Duration::from_secs(90)).await?;
+    wait_database(
+        &federation,
+        "east",
+        DatabasePhase::Ready,
+        Duration::from_secs(30),
+    )
+    .await?;
+    assert!(
+        lowest >= 6,
+        "make-before-break: {lowest} ready at the lowest"
+    );
+    assert_eq!(
+        uids(&federation).await?,
+        before,
+        "nothing lost or recreated"
+    );
+    println!(
+        "apiserver crash: hub detection {:.1}s, web Ready elsewhere {:.1}s after the crash; \
+         after the restart ({:.1}s ago) back to 2/2/2 in {:.1}s, at least {lowest} ready throughout",
+        detected.as_secs_f64(),
+        moved.as_secs_f64(),
+        restarted.elapsed().as_secs_f64(),
+        back.as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Restarts east's API server if a test fails while it is down.
+struct Restart<'a>(&'a Federation);
+
+impl Drop for Restart<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let lab = bulkhead_e2e::Lab::from_env();
+            let _ = std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build();
+                if let Ok(runtime) = runtime {
+                    let _ = runtime.block_on(lab.restart_component("east", "kube-apiserver"));
+                }
+            })
+            .join();
+        }
+        let _ = self.0;
+    }
+}
+
+#[tokio::test]
+async fn a_hub_killed_during_failover_finishes_it_after_restart() -> Result<()> {
+    let mut federation = federation("fail-hubkill").await?;
+    let before = uids(&federation).await?;
+    let cut = Instant::now();
+    let lab = bulkhead_e2e::Lab::from_env();
+    let partition = Partition::start(&lab, "east")?;
+    // Kill the hub the moment it decides the eviction, before the copies follow.
+    federation
+        .wait_binding(
+            "web-deployment",
+            "east evicted",
+            Duration::from_secs(60),
+            |b| (!b.spec.clusters.iter().any(|c| c.name == "east")).then_some(()),
+        )
+        .await?;
+    federation.kill_hub();
+    let killed = cut.elapsed();
+    let during = federation.copies(&deployments(), "web").await?;
+    federation.start_hub()?;
+    let moved = federation
+        .wait_copies(
+            &deployments(),
+            "web",
+            "3/3 Ready in west and north",
+            Duration::from_secs(60),
+            |c| ready_at(&survivors(c), &[("west", 3), ("north", 3)]),
+        )
+        .await
+        .map(|_| cut.elapsed())?;
+    let copies = federation.copies(&deployments(), "web").await?;
+    let total: i64 = survivors(&copies)
+        .iter()
+        .map(|c| c.replicas.unwrap_or(0))
+        .sum();
+    assert_eq!(total, 6, "no duplicate or lost replicas: {copies:?}");
+    partition.heal()?;
+    let (back, lowest) = converge_back(&federation, Duration::from_secs(60)).await?;
+    assert!(lowest >= 6);
+    assert_eq!(uids(&federation).await?, before);
+    println!(
+        "hub killed {:.1}s into the failover (copies then: {:?}); the restarted hub finished it {:.1}s after the cut; \
+         back to 2/2/2 {:.1}s after the heal",
+        killed.as_secs_f64(),
+        survivors(&during)
+            .iter()
+            .map(|c| (c.cluster.clone(), c.replicas))
+            .collect::<Vec<_>>(),
+        moved.as_secs_f64(),
+        back.as_secs_f64()
+    );
+    Ok(())
+}
