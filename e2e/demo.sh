@@ -69,101 +69,103 @@ for member in east west north; do
   port=$((port + 1))
 done
 
-# What the hub will do with the sample policy (placement from the hub arrives with its
-# issue; `bulkhead plan` runs the same code offline, docs/placement.md).
+# What the hub will do with the sample policy: `bulkhead plan` runs the hub's placement
+# code offline (docs/placement.md).
 cat >"$lab_dir/demo-web.yaml" <<'YAML'
 apiVersion: apps/v1
 kind: Deployment
-metadata: {name: web, namespace: shop}
-spec: {replicas: 6}
+metadata: {name: web, namespace: shop, labels: {app: web}}
+spec:
+  replicas: 6
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec: {containers: [{name: web, image: nginx}]}
 YAML
 echo
 echo "== bulkhead plan: the sample policy over the joined clusters, and if zone-a fails"
 "$bulkhead" plan -f config/samples/propagationpolicy.yaml -f config/samples/mydatabase.yaml \
   -f "$lab_dir/demo-web.yaml" --clusters-from-hub --kubeconfig "$hub_kubeconfig" --fail zone-a
 
-# The same on the hub for real: the scheduler writes one ResourceBinding per template
-# with the decision and a reason per cluster. (Propagating the copies to the members
-# arrives with its issue; the MyDatabase below in east is created there directly.)
-"$kubectl_bin" --kubeconfig "$hub_kubeconfig" create namespace shop --dry-run=client -o yaml | "$kubectl_bin" --kubeconfig "$hub_kubeconfig" apply -f - >/dev/null
-"$kubectl_bin" --kubeconfig "$hub_kubeconfig" apply -f config/samples/propagationpolicy.yaml -f config/samples/mydatabase.yaml >/dev/null
-for _ in $(seq 1 40); do
-  "$kubectl_bin" --kubeconfig "$hub_kubeconfig" -n shop get rb orders-mydatabase >/dev/null 2>&1 && break
-  sleep 0.5
-done
-echo
-echo "== hub: ResourceBinding shop/orders-mydatabase (the scheduler's decision)"
-"$kubectl_bin" --kubeconfig "$hub_kubeconfig" -n shop get rb
-"$kubectl_bin" --kubeconfig "$hub_kubeconfig" -n shop get rb orders-mydatabase \
-  -o jsonpath='{range .status.decisions[*]}  {.cluster}{"\t"}selected={.selected}{"\t"}{.reason}{"\n"}{end}'
-
-# A MyDatabase in east, run by east's agent. (Placing it from the hub arrives with the
-# placement issue.) Then the partition drill: cut east off, watch its database fence
-# itself read-only while the zone keeps serving reads, heal, watch it return.
-kubectl="$bin/kubectl"
-east_inside="$(e2e/lab kubeconfig east --inside)"
-for _ in $(seq 1 60); do
-  "$kubectl" --kubeconfig "$east_inside" get --raw /apis/example.com/v1 >/dev/null 2>&1 && break
-  sleep 0.5
-done
-"$kubectl" --kubeconfig "$east_inside" create namespace shop --dry-run=client -o yaml | "$kubectl" --kubeconfig "$east_inside" apply -f - >/dev/null
-for _ in $(seq 1 60); do
-  "$kubectl" --kubeconfig "$east_inside" apply -f config/samples/mydatabase.yaml >/dev/null 2>&1 && break
-  sleep 0.5
-done
-db_phase() { "$kubectl" --kubeconfig "$east_inside" -n shop get db orders -o jsonpath='{.status.phase}' 2>/dev/null; }
-wait_phase() {
-  local want="$1" started=$SECONDS
-  for _ in $(seq 1 120); do
-    [[ "$(db_phase)" == "$want" ]] && { echo "(orders is $want after $((SECONDS - started)) s)"; return 0; }
+# The same on the hub for real: the hub writes one ResourceBinding per template, applies
+# the copies to the members (namespace shop is created there on demand), and each
+# member's agent runs its share of the database.
+kubectl="$kubectl_bin"
+"$kubectl" --kubeconfig "$hub_kubeconfig" create namespace shop --dry-run=client -o yaml | "$kubectl" --kubeconfig "$hub_kubeconfig" apply -f - >/dev/null
+"$kubectl" --kubeconfig "$hub_kubeconfig" apply -f config/samples/propagationpolicy.yaml \
+  -f config/samples/mydatabase.yaml -f "$lab_dir/demo-web.yaml" >/dev/null
+hub_db() { "$kubectl" --kubeconfig "$hub_kubeconfig" -n shop get db orders -o jsonpath="$1" 2>/dev/null; }
+wait_until() {
+  local what="$1" timeout="$2" started=$SECONDS; shift 2
+  while (( SECONDS - started < timeout )); do
+    "$@" && { echo "($what after $((SECONDS - started)) s)"; return 0; }
     sleep 0.5
   done
-  echo "(orders did not reach $want; it is $(db_phase))"
+  echo "($what: not within $timeout s)"
 }
-show() {
-  echo "== $1"
-  "$bulkhead" get clusters --kubeconfig "$hub_kubeconfig" 2>/dev/null || echo "(hub unreachable)"
-  "$kubectl" --kubeconfig "$east_inside" -n shop get db orders \
-    -o custom-columns='DATABASE:.metadata.name,PHASE:.status.phase,READY:.status.readyReplicas,READ-ONLY:.status.conditions[?(@.type=="ReadOnly")].reason'
-  for service in orders orders-ro; do
-    printf 'Service %-10s ready endpoints: %s\n' "$service" \
-      "$("$kubectl" --kubeconfig "$east_inside" -n shop get endpointslices -l kubernetes.io/service-name=$service \
-         -o jsonpath='{.items[*].endpoints[*].conditions.ready}' | tr ' ' '\n' | grep -c true)"
-  done
-  echo
+db_ready() { [[ "$(hub_db '{.status.phase}')" == Ready ]]; }
+web_ready() {
+  [[ "$("$kubectl" --kubeconfig "$hub_kubeconfig" -n shop get deploy web -o jsonpath='{.status.readyReplicas}' 2>/dev/null)" == 6 ]]
+}
+member_phase() {
+  "$kubectl" --kubeconfig "$(e2e/lab kubeconfig "$1" --inside)" -n shop get db orders -o jsonpath='{.status.phase}' 2>/dev/null
+}
+east_read_only() { [[ "$(member_phase east)" == ReadOnly ]]; }
+east_read_write() { [[ "$(member_phase east)" == Ready ]]; }
+web_moved() {
+  "$kubectl" --kubeconfig "$hub_kubeconfig" -n shop get rb web-deployment -o jsonpath='{.spec.clusters[*].name}' 2>/dev/null \
+    | grep -vq east && web_ready
+}
+web_back() {
+  "$kubectl" --kubeconfig "$hub_kubeconfig" -n shop get rb web-deployment -o jsonpath='{.spec.clusters[*].name}' 2>/dev/null \
+    | grep -q east && web_ready
 }
 echo
-wait_phase Ready
-show "before: the hub renews east's lease, orders accepts writes"
+wait_until "orders Ready across the members" 120 db_ready
+wait_until "web 6/6 ready across the members" 60 web_ready
+
+show() {
+  echo
+  echo "================ $1"
+  echo "== clusters (bulkhead get clusters)"
+  "$bulkhead" get clusters --kubeconfig "$hub_kubeconfig" 2>/dev/null || echo "(hub unreachable)"
+  echo "== bindings: the decision and each cluster's state (bulkhead get bindings -n shop)"
+  "$bulkhead" get bindings -n shop --kubeconfig "$hub_kubeconfig"
+  echo "== MyDatabase shop/orders on the hub: $(hub_db '{.status.phase}'), $(hub_db '{.status.readyReplicas}')/$(hub_db '{.spec.replicas}') ready"
+  hub_db '{range .status.clusters[*]}  {.name}: {.readyReplicas}/{.replicas} ready, phase {.phase}, readOnly {.readOnly}, fenced {.fenced}{"\n"}{end}'
+  echo "== MyDatabase shop/orders in each member (read inside the member's zone)"
+  for member in east west north; do
+    printf '  %-6s %s\n' "$member" "$(member_phase "$member" || true)"
+  done
+}
+show "before: every member healthy"
+
+# The partition drill: cut zone-a (east) off. East's agent fences its database
+# read-only by itself; the hub marks the placement fenced and, after the policy's
+# tolerationSeconds (30 s), moves web's stateless replicas to west and north. Nothing
+# stateful moves. Healing brings everything back, make-before-break.
+echo
+echo "== e2e/lab partition east"
 e2e/lab partition east
-wait_phase ReadOnly
-started=$SECONDS
-for _ in $(seq 1 80); do
-  "$bulkhead" get clusters --kubeconfig "$hub_kubeconfig" | awk '$1 == "east" && $3 == "False" {found = 1} END {exit !found}' && break
-  sleep 0.5
-done
-echo "(the hub marked east unreachable $((SECONDS - started)) s later: probes need failureThreshold misses)"
-show "during: east is cut off from the hub; its agent fenced orders (no pod restarted)"
+wait_until "east's agent fenced orders read-only" 30 east_read_only
+wait_until "web's replicas moved off east (toleration 30 s)" 90 web_moved
+show "during: east is cut off"
+echo
+echo "== e2e/lab heal east"
 e2e/lab heal east
-wait_phase Ready
-started=$SECONDS
-for _ in $(seq 1 80); do
-  "$bulkhead" get clusters --kubeconfig "$hub_kubeconfig" | awk '$1 == "east" && $3 == "True" {found = 1} END {exit !found}' && break
-  sleep 0.5
-done
-echo "(the hub marked east Ready $((SECONDS - started)) s later: probes need successThreshold successes)"
-show "after: healed; the lease is fresh again and orders accepts writes"
+wait_until "east's orders read-write again" 60 east_read_write
+wait_until "web back on east" 60 web_back
+show "after: healed"
 
 echo
 e2e/lab status
 cat <<MSG
 
 The lab keeps running in the background.
-  use it:   eval "\$(e2e/lab env)"; kubectl get mc     (the hub)
-            kubectl --kubeconfig \$(e2e/lab kubeconfig east) get nodes
+  use it:   eval "\$(e2e/lab env)"; kubectl get mc,rb -A     (the hub)
+            kubectl --kubeconfig \$(e2e/lab kubeconfig east) -n shop get db,sts,deploy
   cut off:  e2e/lab partition east; e2e/lab heal east
-  hub:      target/debug/bulkhead get clusters --kubeconfig \$(e2e/lab kubeconfig hub)
-  agents:   logs in $lab_dir/bulkhead-agent-<member>.log; webhook in $lab_dir/bulkhead-webhook.log
+  hub:      target/debug/bulkhead get clusters|bindings --kubeconfig \$(e2e/lab kubeconfig hub)
+  logs:     $lab_dir/bulkhead-hub.log, bulkhead-agent-<member>.log, bulkhead-webhook.log
   stop it:  make lab-down (stops the lab and every Bulkhead process of the demo)
-Placement from the hub (propagation policies) joins the demo with its issue (see README).
 MSG

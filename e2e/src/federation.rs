@@ -208,14 +208,13 @@ impl Federation {
             .to_string();
         let api =
             Api::<DynamicObject>::namespaced_with(self.hub.clone(), &self.namespace, resource);
-        Ok(api
-            .patch(
-                &name,
-                &PatchParams::apply("e2e").force(),
-                &Patch::Apply(&object),
-            )
-            .await
-            .with_context(|| format!("applying {} {name} to the hub", resource.kind))?)
+        api.patch(
+            &name,
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(&object),
+        )
+        .await
+        .with_context(|| format!("applying {} {name} to the hub", resource.kind))
     }
 
     /// A policy selecting `kind/name` with `placement`.

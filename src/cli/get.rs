@@ -1,10 +1,11 @@
-//! `bulkhead get clusters`: the members as the hub sees them.
+//! `bulkhead get clusters`: the members as the hub sees them. `bulkhead get bindings`:
+//! each ResourceBinding's decision and what happened in every cluster.
 
 use anyhow::{Context, Result};
 use kube::Api;
 use kube::api::ListParams;
 
-use crate::api::{MemberCluster, find_condition};
+use crate::api::{MemberCluster, ResourceBinding, find_condition};
 use crate::process::{ClientOptions, connect};
 
 /// `bulkhead get` options.
@@ -20,6 +21,130 @@ pub enum GetWhat {
     /// Member clusters: name, zone, readiness and why, version, age, fenced.
     #[command(visible_alias = "cluster", visible_alias = "mc")]
     Clusters(ClientOptions),
+    /// ResourceBindings: per template, the decision and each cluster's state.
+    #[command(visible_alias = "binding", visible_alias = "rb")]
+    Bindings(BindingsOptions),
+}
+
+/// `bulkhead get bindings` options.
+#[derive(clap::Args, Debug)]
+pub struct BindingsOptions {
+    #[command(flatten)]
+    pub client: ClientOptions,
+    /// Only bindings in this namespace (default: every namespace).
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+}
+
+/// Lines of a table with aligned columns.
+fn aligned(rows: &[Vec<String>], indent: &str) -> String {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|i| {
+            rows.iter()
+                .filter_map(|r| r.get(i))
+                .map(String::len)
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    rows.iter()
+        .map(|row| {
+            let cells: Vec<String> = row
+                .iter()
+                .zip(&widths)
+                .map(|(cell, width)| format!("{cell:<width$}"))
+                .collect();
+            format!("{indent}{}\n", cells.join("   ").trim_end())
+        })
+        .collect()
+}
+
+/// The `get bindings` text: per binding a title with its conditions, then one row per
+/// cluster with the decision (selected, replicas, reason) and the placement's state.
+pub fn bindings_table(bindings: &[ResourceBinding]) -> String {
+    let mut sorted: Vec<&ResourceBinding> = bindings.iter().collect();
+    sorted.sort_by_key(|b| (b.metadata.namespace.clone(), b.metadata.name.clone()));
+    let mut out = String::new();
+    for binding in sorted {
+        let status = binding.status.clone().unwrap_or_default();
+        let conditions: Vec<String> = ["Scheduled", "Propagated", "Healthy", "Degraded"]
+            .iter()
+            .map(|t| {
+                let value = find_condition(&status.conditions, t)
+                    .map(|c| c.status.clone())
+                    .unwrap_or_else(|| "-".into());
+                format!("{t}={value}")
+            })
+            .collect();
+        let resource = &binding.spec.resource;
+        out.push_str(&format!(
+            "{}/{}: {} {} ({} replicas, policy {})  {}\n",
+            binding.metadata.namespace.clone().unwrap_or_default(),
+            binding.metadata.name.clone().unwrap_or_default(),
+            resource.kind,
+            resource.name,
+            binding.spec.replicas,
+            binding
+                .spec
+                .policy
+                .as_ref()
+                .map(|p| p.name.as_str())
+                .unwrap_or("-"),
+            conditions.join(" ")
+        ));
+        let mut rows = vec![
+            [
+                "CLUSTER", "SELECTED", "REPLICAS", "APPLIED", "HEALTH", "READY", "FENCED",
+                "CLEANUP", "REASON",
+            ]
+            .map(String::from)
+            .to_vec(),
+        ];
+        let mut names: Vec<&str> = status
+            .decisions
+            .iter()
+            .map(|d| d.cluster.as_str())
+            .collect();
+        for row in &status.clusters {
+            if !names.contains(&row.name.as_str()) {
+                names.push(&row.name);
+            }
+        }
+        names.sort();
+        for name in names {
+            let decision = status.decisions.iter().find(|d| d.cluster == name);
+            let placed = binding.spec.clusters.iter().find(|c| c.name == name);
+            let row = status.clusters.iter().find(|r| r.name == name);
+            let flag = |value: bool| if value { "yes" } else { "-" }.to_string();
+            let reason = match (row.and_then(|r| r.message.clone()), decision) {
+                (Some(message), _) => message,
+                (None, Some(decision)) => decision.reason.clone(),
+                (None, None) => String::new(),
+            };
+            rows.push(vec![
+                name.to_string(),
+                flag(decision.is_some_and(|d| d.selected)),
+                placed
+                    .map(|p| p.replicas.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                row.map(|r| flag(r.applied)).unwrap_or_else(|| "-".into()),
+                row.map(|r| format!("{:?}", r.health))
+                    .unwrap_or_else(|| "-".into()),
+                row.map(|r| r.ready_replicas.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                row.map(|r| flag(r.fenced)).unwrap_or_else(|| "-".into()),
+                row.map(|r| if r.pending_cleanup { "pending" } else { "-" }.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                reason,
+            ]);
+        }
+        out.push_str(&aligned(&rows, "  "));
+    }
+    if out.is_empty() {
+        out.push_str("no ResourceBindings\n");
+    }
+    out
 }
 
 /// Age as kubectl prints it: 45s, 12m, 5h, 3d.
@@ -109,6 +234,20 @@ pub async fn run(options: &GetOptions) -> Result<()> {
                 clusters_table(&clusters.items, jiff::Timestamp::now())
             );
         }
+        GetWhat::Bindings(options) => {
+            let client = connect(&options.client)
+                .await
+                .context("connecting to the hub")?;
+            let api: Api<ResourceBinding> = match &options.namespace {
+                Some(namespace) => Api::namespaced(client, namespace),
+                None => Api::all(client),
+            };
+            let bindings = api
+                .list(&ListParams::default())
+                .await
+                .context("listing ResourceBindings on the hub")?;
+            print!("{}", bindings_table(&bindings.items));
+        }
     }
     Ok(())
 }
@@ -161,5 +300,54 @@ mod tests {
                 "-"
             ]
         );
+    }
+
+    #[test]
+    fn the_bindings_table_shows_decisions_and_placement_state() {
+        let binding: ResourceBinding = serde_json::from_value(serde_json::json!({
+            "apiVersion": "federation.example.com/v1alpha1", "kind": "ResourceBinding",
+            "metadata": {"name": "web-deployment", "namespace": "shop"},
+            "spec": {"resource": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"},
+                     "policy": {"kind": "PropagationPolicy", "name": "weighted"}, "replicas": 6,
+                     "clusters": [{"name": "west", "replicas": 3}, {"name": "north", "replicas": 3}]},
+            "status": {
+                "conditions": [{"type": "Scheduled", "status": "True", "reason": "Scheduled", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+                "decisions": [
+                    {"cluster": "east", "selected": false, "reason": "taint federation.example.com/unreachable: toleration expired"},
+                    {"cluster": "north", "selected": true, "replicas": 3, "reason": "weight 1"},
+                    {"cluster": "west", "selected": true, "replicas": 3, "reason": "weight 1"}],
+                "clusters": [
+                    {"name": "east", "pendingCleanup": true, "message": "removed from the placement; deleted once reachable"},
+                    {"name": "north", "applied": true, "health": "Healthy", "readyReplicas": 3},
+                    {"name": "west", "applied": true, "health": "Healthy", "readyReplicas": 3}]
+            }
+        }))
+        .unwrap();
+        let text = bindings_table(&[binding]);
+        assert!(
+            text.starts_with(
+                "shop/web-deployment: Deployment web (6 replicas, policy weighted)  Scheduled=True"
+            ),
+            "{text}"
+        );
+        let east = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("east"))
+            .unwrap();
+        assert!(
+            east.contains("pending") && east.contains("deleted once reachable"),
+            "{east}"
+        );
+        let west = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("west"))
+            .unwrap();
+        let cells: Vec<&str> = west.split_whitespace().collect();
+        assert_eq!(
+            &cells[..6],
+            ["west", "yes", "3", "yes", "Healthy", "3"],
+            "{west}"
+        );
+        assert_eq!(bindings_table(&[]), "no ResourceBindings\n");
     }
 }

@@ -11,10 +11,13 @@ use anyhow::{Context, bail};
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::api::propagation_policy::Placement;
 use crate::api::propagation_policy::StatefulFailover;
 use crate::api::resource_binding::TargetCluster;
 use crate::api::{ClusterPropagationPolicy, MemberCluster, PropagationPolicy};
-use crate::hub::kinds::{cluster_view, failed, is_divisible, is_stateful};
+use crate::hub::kinds::{
+    cluster_view, failed, hub_cluster_view, is_divisible, is_stateful, placement_tolerations,
+};
 use crate::hub::matching::{
     PolicyCandidate, PolicyScope, SelectorStrength, TemplateRef, choose_policy,
 };
@@ -144,8 +147,13 @@ pub fn plan(
                 return TemplatePlan { title, policy: None, result: None, failures: vec![] };
             };
             let uid = template["metadata"]["uid"].as_str().map(str::to_string).unwrap_or_else(|| format!("{namespace}/{name}"));
+            // The hub's tolerations: the policy's plus failover's (stateful kinds never move).
+            let placement = Placement {
+                cluster_tolerations: placement_tolerations(policy.spec, is_stateful(api_version, kind), false),
+                ..policy.spec.placement.clone()
+            };
             let request = PlacementRequest {
-                placement: &policy.spec.placement,
+                placement: &placement,
                 replicas,
                 divisible,
                 uid: &uid,
@@ -293,7 +301,13 @@ pub async fn run(options: &PlanOptions) -> anyhow::Result<()> {
     let views: Vec<ClusterView> = inputs
         .clusters
         .iter()
-        .map(|c| cluster_view(c, !from_hub))
+        .map(|c| {
+            if from_hub {
+                hub_cluster_view(c, &Default::default())
+            } else {
+                cluster_view(c, true)
+            }
+        })
         .collect();
     print!(
         "{}",

@@ -912,9 +912,10 @@ async fn write_status(
                 previous.is_some_and(|p| p.applied)
             };
             let message = match outcomes.get(&target.name) {
-                Some(Outcome::Conflict(message)) | Some(Outcome::Failed(message)) => {
-                    Some(message.clone())
-                }
+                Some(Outcome::Conflict(message)) | Some(Outcome::Failed(message)) => Some(message.clone()),
+                _ if job.fence && !reachable => Some(
+                    "cluster unreachable: the placement stays where its data is and is assumed fenced read-only by the member's agent".into(),
+                ),
                 _ => plan.notes.get(&target.name).cloned(),
             };
             CopyObservation {
@@ -987,6 +988,30 @@ async fn write_status(
                     .await;
                 context
                     .event(&binding.object_ref(&()), EventType::Warning, "Fenced", note)
+                    .await;
+            }
+        }
+        for row in previous_rows.iter().filter(|p| p.fenced) {
+            if rows.iter().any(|r| r.name == row.name && !r.fenced) {
+                let note = format!(
+                    "{} is reachable again: its {} placement is no longer assumed fenced (the agent lifts the fence once the hub's lease is fresh again)",
+                    row.name, job.resource.kind
+                );
+                context
+                    .event(
+                        &job.template.object_ref(job.resource),
+                        EventType::Normal,
+                        "Unfenced",
+                        note.clone(),
+                    )
+                    .await;
+                context
+                    .event(
+                        &binding.object_ref(&()),
+                        EventType::Normal,
+                        "Unfenced",
+                        note,
+                    )
                     .await;
             }
         }
