@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 LAB := e2e/lab
 
-.PHONY: demo test lint fmt crds crd-check unit e2e lab-binaries lab-up lab-down build bench
+.PHONY: demo test lint fmt crds crd-check unit e2e lab-binaries lab-up lab-down build bench bench-lab
 
 ## demo: bring up the lab (hub + 3 members), install Bulkhead and show placement and health
 demo: lab-binaries
@@ -51,3 +51,8 @@ lab-down:
 ## bench: the placement kernel benchmark (prints decisions per second; see docs/placement.md)
 bench:
 	$(CARGO) bench --bench placement -- --warm-up-time 1 --measurement-time 3
+
+## bench-lab: the propagation budgets measured on the lab (burst of 500 Deployments, 100
+## replica changes, hub cold start; prints numbers; see docs/placement.md)
+bench-lab: lab-binaries
+	e2e/run-e2e.sh --ignored bench_ --nocapture

@@ -16,6 +16,7 @@ use crate::hub_support::{HubProcess, join, unjoin};
 use crate::lab::Lab;
 use crate::support::{TestNamespace, cleanup_blocking};
 use crate::{Check, wait_for};
+use bulkhead::api::resource_binding::ClusterPlacementStatus;
 use bulkhead::api::{MemberCluster, ResourceBinding, is_condition_true};
 
 /// The lab's members: (name, zone, region).
@@ -140,6 +141,11 @@ impl Federation {
     /// Kills the hub process (SIGKILL: no chance to clean anything up).
     pub fn kill_hub(&mut self) {
         self.hub_process = None;
+    }
+
+    /// The hub process id, while it runs.
+    pub fn hub_pid(&self) -> Option<u32> {
+        self.hub_process.as_ref().map(HubProcess::pid)
     }
 
     /// The hub's `/metrics` text.
@@ -271,6 +277,33 @@ impl Federation {
                     Err(e) => Check::Waiting(e.to_string()),
                 }
             }
+        })
+        .await
+    }
+
+    /// The replicas the binding `name` gives each cluster now.
+    pub async fn placement_of(&self, name: &str) -> Result<Vec<(String, i64)>> {
+        let binding = self
+            .binding(name)
+            .await?
+            .with_context(|| format!("no binding {name}"))?;
+        Ok(binding_replicas(&binding))
+    }
+
+    /// Waits until the binding's status row for `cluster` satisfies `check`.
+    pub async fn wait_row(
+        &self,
+        name: &str,
+        cluster: &str,
+        what: &str,
+        timeout: Duration,
+        check: impl Fn(&ClusterPlacementStatus) -> bool,
+    ) -> Result<ResourceBinding> {
+        self.wait_binding(name, &format!("{cluster} {what}"), timeout, |b| {
+            let rows = &b.status.as_ref()?.clusters;
+            rows.iter()
+                .any(|r| r.name == cluster && check(r))
+                .then(|| b.clone())
         })
         .await
     }

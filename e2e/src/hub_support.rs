@@ -82,6 +82,13 @@ impl HubProcess {
     }
 }
 
+impl HubProcess {
+    /// The process id (for /proc readings such as RSS).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
 impl Drop for HubProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();

@@ -281,18 +281,12 @@ async fn a_zone_partition_moves_stateless_replicas_and_fences_the_database() -> 
 
     // The database stays where its data is, marked fenced; nothing stateful anywhere else.
     let orders = federation
-        .wait_binding(
+        .wait_row(
             "orders-mydatabase",
-            "east fenced",
+            "east",
+            "fenced",
             Duration::from_secs(15),
-            |b| {
-                b.status
-                    .as_ref()?
-                    .clusters
-                    .iter()
-                    .any(|r| r.name == "east" && r.fenced)
-                    .then(|| b.clone())
-            },
+            |r| r.fenced,
         )
         .await?;
     assert_eq!(
@@ -390,12 +384,7 @@ async fn a_zone_partition_moves_stateless_replicas_and_fences_the_database() -> 
 async fn an_isolated_hub_freezes_failover_while_every_member_fences() -> Result<()> {
     let federation = federation("fail-hub").await?;
     let before = uids(&federation).await?;
-    let web_before = binding_replicas(
-        &federation
-            .binding("web-deployment")
-            .await?
-            .context("binding")?,
-    );
+    let web_before = federation.placement_of("web-deployment").await?;
 
     let cut = Instant::now();
     federation.lab.isolate_hub()?;
@@ -456,15 +445,7 @@ async fn an_isolated_hub_freezes_failover_while_every_member_fences() -> Result<
         .wait_members_ready(Duration::from_secs(30))
         .await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(
-        binding_replicas(
-            &federation
-                .binding("web-deployment")
-                .await?
-                .context("binding")?
-        ),
-        web_before
-    );
+    assert_eq!(federation.placement_of("web-deployment").await?, web_before);
     assert_eq!(evictions(&federation).await?, 0.0);
     assert_eq!(uids(&federation).await?, before, "nothing moved or deleted");
     println!(
@@ -482,12 +463,7 @@ async fn an_isolated_hub_freezes_failover_while_every_member_fences() -> Result<
 async fn a_flapping_member_causes_no_churn() -> Result<()> {
     let federation = federation("fail-flap").await?;
     let before = uids(&federation).await?;
-    let web_before = binding_replicas(
-        &federation
-            .binding("web-deployment")
-            .await?
-            .context("binding")?,
-    );
+    let web_before = federation.placement_of("web-deployment").await?;
     let started = Instant::now();
     let mut spec_changes = 0;
     for _ in 0..5 {
@@ -495,12 +471,7 @@ async fn a_flapping_member_causes_no_churn() -> Result<()> {
         tokio::time::sleep(Duration::from_millis(1200)).await;
         partition.heal()?;
         tokio::time::sleep(Duration::from_millis(2500)).await;
-        let now = binding_replicas(
-            &federation
-                .binding("web-deployment")
-                .await?
-                .context("binding")?,
-        );
+        let now = federation.placement_of("web-deployment").await?;
         spec_changes += usize::from(now != web_before);
     }
     tokio::time::sleep(Duration::from_secs(TOLERATION_SECONDS + 2)).await;
@@ -539,18 +510,12 @@ async fn a_member_api_server_crash_is_a_partition_and_loses_nothing() -> Result<
         .await
         .map(|_| cut.elapsed())?;
     federation
-        .wait_binding(
+        .wait_row(
             "orders-mydatabase",
-            "east fenced",
+            "east",
+            "fenced",
             Duration::from_secs(15),
-            |b| {
-                b.status
-                    .as_ref()?
-                    .clusters
-                    .iter()
-                    .any(|r| r.name == "east" && r.fenced)
-                    .then_some(())
-            },
+            |r| r.fenced,
         )
         .await?;
     drop(restart);

@@ -381,18 +381,16 @@ async fn duplicated_kinds_conflicts_and_cleanup_during_a_partition() -> Result<(
         .apply(&config_maps(), json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "taken"}, "data": {"owner": "hub"}}))
         .await?;
     let binding: ResourceBinding = federation
-        .wait_binding(
+        .wait_row(
             "taken-configmap",
-            "a conflict in north",
+            "north",
+            "a conflict",
             Duration::from_secs(30),
-            |b| {
-                let status = b.status.as_ref()?;
-                let north = status.clusters.iter().find(|r| r.name == "north")?;
-                let conflict = north
-                    .message
-                    .as_deref()
-                    .is_some_and(|m| m.contains("not managed by Bulkhead"));
-                (conflict && !north.applied).then(|| b.clone())
+            |r| {
+                !r.applied
+                    && r.message
+                        .as_deref()
+                        .is_some_and(|m| m.contains("not managed by Bulkhead"))
             },
         )
         .await?;
@@ -443,18 +441,12 @@ async fn duplicated_kinds_conflicts_and_cleanup_during_a_partition() -> Result<(
         .await?;
     eprintln!("during the partition: {:?}", placement(&copies));
     federation
-        .wait_binding(
+        .wait_row(
             "web-deployment",
-            "east pending cleanup",
+            "east",
+            "pending cleanup",
             Duration::from_secs(15),
-            |b| {
-                b.status
-                    .as_ref()?
-                    .clusters
-                    .iter()
-                    .any(|r| r.name == "east" && r.pending_cleanup)
-                    .then_some(())
-            },
+            |r| r.pending_cleanup,
         )
         .await?;
     assert!(

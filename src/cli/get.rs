@@ -160,15 +160,13 @@ pub fn human_age(seconds: i64) -> String {
 
 /// The `get clusters` table.
 pub fn clusters_table(clusters: &[MemberCluster], now: jiff::Timestamp) -> String {
-    let mut rows = vec![[
-        "NAME".to_string(),
-        "ZONE".to_string(),
-        "READY".to_string(),
-        "REASON".to_string(),
-        "VERSION".to_string(),
-        "AGE".to_string(),
-        "FENCED".to_string(),
-    ]];
+    let mut rows = vec![
+        [
+            "NAME", "ZONE", "READY", "REASON", "VERSION", "AGE", "FENCED",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
     let mut sorted: Vec<&MemberCluster> = clusters.iter().collect();
     sorted.sort_by_key(|c| c.metadata.name.clone());
     for cluster in sorted {
@@ -185,7 +183,7 @@ pub fn clusters_table(clusters: &[MemberCluster], now: jiff::Timestamp) -> Strin
             .as_ref()
             .map(|t| human_age(now.duration_since(t.0).as_secs()))
             .unwrap_or_else(|| "-".into());
-        rows.push([
+        rows.push(vec![
             cluster.metadata.name.clone().unwrap_or_default(),
             cluster.spec.zone.clone(),
             ready
@@ -205,19 +203,7 @@ pub fn clusters_table(clusters: &[MemberCluster], now: jiff::Timestamp) -> Strin
                 .unwrap_or_else(|| "-".into()),
         ]);
     }
-    let widths: Vec<usize> = (0..7)
-        .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
-        .collect();
-    rows.iter()
-        .map(|row| {
-            let cells: Vec<String> = row
-                .iter()
-                .zip(&widths)
-                .map(|(cell, width)| format!("{cell:<width$}"))
-                .collect();
-            format!("{}\n", cells.join("   ").trim_end())
-        })
-        .collect()
+    aligned(&rows, "")
 }
 
 /// Runs `bulkhead get`.

@@ -253,6 +253,22 @@ impl Context {
             .inc();
     }
 
+    /// The same Event on the template and, when there is one, its binding.
+    async fn event_both(
+        &self,
+        template: &k8s_openapi::api::core::v1::ObjectReference,
+        binding: Option<&ResourceBinding>,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
+        self.event(template, type_, reason, note.clone()).await;
+        if let Some(binding) = binding {
+            self.event(&binding.object_ref(&()), type_, reason, note)
+                .await;
+        }
+    }
+
     async fn event(
         &self,
         reference: &k8s_openapi::api::core::v1::ObjectReference,
@@ -634,23 +650,14 @@ async fn reconcile_template(
             );
             tracing::warn!(binding = %key, %note, "evicted");
             context
-                .event(
+                .event_both(
                     &template.object_ref(resource),
+                    existing.as_deref(),
                     EventType::Warning,
                     "Evicted",
-                    note.clone(),
+                    note,
                 )
                 .await;
-            if let Some(binding) = existing.as_deref() {
-                context
-                    .event(
-                        &binding.object_ref(&()),
-                        EventType::Warning,
-                        "Evicted",
-                        note,
-                    )
-                    .await;
-            }
             if let Some(added) = views.iter().find(|v| &v.name == cluster).and_then(|v| {
                 v.taints
                     .iter()
@@ -979,15 +986,13 @@ async fn write_status(
                     row.name, job.resource.kind
                 );
                 context
-                    .event(
+                    .event_both(
                         &job.template.object_ref(job.resource),
+                        Some(binding),
                         EventType::Warning,
                         "Fenced",
-                        note.clone(),
+                        note,
                     )
-                    .await;
-                context
-                    .event(&binding.object_ref(&()), EventType::Warning, "Fenced", note)
                     .await;
             }
         }
@@ -998,16 +1003,9 @@ async fn write_status(
                     row.name, job.resource.kind
                 );
                 context
-                    .event(
+                    .event_both(
                         &job.template.object_ref(job.resource),
-                        EventType::Normal,
-                        "Unfenced",
-                        note.clone(),
-                    )
-                    .await;
-                context
-                    .event(
-                        &binding.object_ref(&()),
+                        Some(binding),
                         EventType::Normal,
                         "Unfenced",
                         note,

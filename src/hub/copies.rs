@@ -67,6 +67,20 @@ pub fn member_copy(template: &Value, binding: &str, replicas: Option<i32>) -> Va
     }
     let api_version = template["apiVersion"].as_str().unwrap_or_default();
     let kind = template["kind"].as_str().unwrap_or_default();
+    if (api_version, kind) == ("v1", "Service")
+        && let Some(spec) = copy.get_mut("spec").and_then(Value::as_object_mut)
+    {
+        // Allocated by the hub's API server from the hub's range: each member allocates
+        // its own (sending the hub's would be refused or collide).
+        for field in ["clusterIP", "clusterIPs", "healthCheckNodePort"] {
+            spec.remove(field);
+        }
+        if let Some(ports) = spec.get_mut("ports").and_then(Value::as_array_mut) {
+            for port in ports.iter_mut().filter_map(Value::as_object_mut) {
+                port.remove("nodePort");
+            }
+        }
+    }
     if let Some(replicas) = replicas
         && is_divisible(api_version, kind)
         && let Some(spec) = copy.get_mut("spec").and_then(Value::as_object_mut)
@@ -168,6 +182,20 @@ mod tests {
         let copy = member_copy(&config, "n.c", Some(2));
         assert_eq!(copy["data"]["k"], "v");
         assert!(copy.get("spec").is_none());
+    }
+
+    #[test]
+    fn services_leave_address_allocation_to_the_member() {
+        let service = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "shop"},
+            "spec": {"clusterIP": "10.0.0.12", "clusterIPs": ["10.0.0.12"], "type": "NodePort",
+                     "ports": [{"port": 80, "nodePort": 30080}], "selector": {"app": "web"}}});
+        let copy = member_copy(&service, "shop.web", None);
+        assert!(
+            copy["spec"].get("clusterIP").is_none() && copy["spec"].get("clusterIPs").is_none()
+        );
+        assert!(copy["spec"]["ports"][0].get("nodePort").is_none());
+        assert_eq!(copy["spec"]["ports"][0]["port"], 80);
+        assert_eq!(copy["spec"]["selector"]["app"], "web");
     }
 
     #[test]

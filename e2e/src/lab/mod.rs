@@ -357,22 +357,7 @@ impl Lab {
                 "kube-apiserver",
                 self.apiserver_args(info),
             )?;
-            let client = self.inside_client(info.name).await?;
-            wait_for(
-                &format!("{} kube-apiserver /readyz", info.name),
-                Duration::from_secs(90),
-                || {
-                    let client = client.clone();
-                    async move {
-                        match readyz(&client).await {
-                            Ok(()) => Check::Done(()),
-                            Err(e) => Check::Waiting(e),
-                        }
-                    }
-                },
-            )
-            .await
-            .with_context(|| {
+            self.wait_apiserver(info).await.with_context(|| {
                 format!(
                     "see {}",
                     procs::log_path(&self.root, info.name, "kube-apiserver").display()
@@ -516,6 +501,25 @@ impl Lab {
         members().try_for_each(|info| self.partition(info.name))
     }
 
+    /// Waits until a cluster's API server answers /readyz (from inside its zone).
+    async fn wait_apiserver(&self, info: &ClusterInfo) -> Result<()> {
+        let client = self.inside_client(info.name).await?;
+        wait_for(
+            &format!("{} kube-apiserver /readyz", info.name),
+            Duration::from_secs(90),
+            || {
+                let client = client.clone();
+                async move {
+                    match readyz(&client).await {
+                        Ok(()) => Check::Done(()),
+                        Err(e) => Check::Waiting(e),
+                    }
+                }
+            },
+        )
+        .await
+    }
+
     /// Kills one component of a cluster the way a crash would (SIGKILL), e.g. a member's
     /// kube-apiserver; [`Lab::restart_component`] brings it back.
     pub fn kill_component(&self, cluster_name: &str, component: &str) -> Result<()> {
@@ -548,21 +552,7 @@ impl Lab {
             self.start(&mut state, info, component, args)?;
         }
         if component == "kube-apiserver" {
-            let client = self.inside_client(cluster_name).await?;
-            wait_for(
-                &format!("{cluster_name} kube-apiserver /readyz"),
-                Duration::from_secs(90),
-                || {
-                    let client = client.clone();
-                    async move {
-                        match readyz(&client).await {
-                            Ok(()) => Check::Done(()),
-                            Err(e) => Check::Waiting(e),
-                        }
-                    }
-                },
-            )
-            .await?;
+            self.wait_apiserver(info).await?;
         }
         Ok(())
     }
