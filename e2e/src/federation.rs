@@ -66,6 +66,17 @@ impl Federation {
     /// demand from the hub), starts one agent per member and the hub with `extra_hub_args`,
     /// and waits for every member to be Ready.
     pub async fn start(prefix: &str, extra_hub_args: &[&str]) -> Result<Self> {
+        Self::start_with_probes(prefix, extra_hub_args, &["1", "1"]).await
+    }
+
+    /// [`Federation::start`] with the members' probe `[interval, timeout]` in seconds (the
+    /// suites use 1 s for fast failure detection; a load test wants the defaults, 5 and 3,
+    /// so a busy machine is not taken for a failed member).
+    pub async fn start_with_probes(
+        prefix: &str,
+        extra_hub_args: &[&str],
+        probe: &[&str; 2],
+    ) -> Result<Self> {
         let lab = crate::support::lab().await?;
         lab.install_crds("hub", &crate::lab::crd_dir()).await?;
         for (name, zone, region) in MEMBERS {
@@ -76,9 +87,9 @@ impl Federation {
                 region,
                 &[
                     "--probe-interval-seconds",
-                    "1",
+                    probe[0],
                     "--probe-timeout-seconds",
-                    "1",
+                    probe[1],
                 ],
             )?;
             anyhow::ensure!(output.status.success(), "join {name} failed");

@@ -148,7 +148,8 @@ fn hub_rss_mib(pid: u32) -> Option<f64> {
 async fn bench_burst_update_and_cold_start() -> Result<()> {
     let templates = env_number("BULKHEAD_BENCH_TEMPLATES", 500);
     let replicas = env_number("BULKHEAD_BENCH_REPLICAS", 3) as i64;
-    let mut federation = Federation::start("scale", &[]).await?;
+    // Default probes (5 s, timeout 3 s): on 2 cores under a burst, 1 s probes time out.
+    let mut federation = Federation::start_with_probes("scale", &[], &["5", "3"]).await?;
     federation
         .apply(
             &policies(),
@@ -202,6 +203,13 @@ async fn bench_burst_update_and_cold_start() -> Result<()> {
         }
     }
     let all_applied = last.duration_since(started);
+    println!("burst: {templates} Deployments x {replicas} replicas, weighted over 3 members");
+    println!(
+        "  creates took {:.1} s; all {} member copies applied {:.1} s after the first create (budget 6 s for 500)",
+        created.as_secs_f64(),
+        templates * 3,
+        all_applied.as_secs_f64()
+    );
     let settled_writes = settle(
         &federation,
         Duration::from_secs(8),
@@ -210,6 +218,14 @@ async fn bench_burst_update_and_cold_start() -> Result<()> {
     .await?;
     let total_writes: f64 = settled_writes.values().sum();
     let rss = federation.hub_pid().and_then(hub_rss_mib);
+    println!(
+        "  hub writes once settled: {total_writes:.0} = {:.2} per template ({settled_writes:?}; budget <= 3 per template)",
+        total_writes / templates as f64
+    );
+    println!(
+        "  hub RSS: {} MiB with {templates} templates (budget <= 100 MiB with 10,000)",
+        rss.map_or("?".into(), |r| format!("{r:.0}"))
+    );
 
     // 2. 100 templates change replicas: every member copy updated.
     let changed = templates.min(100);
@@ -249,6 +265,10 @@ async fn bench_burst_update_and_cold_start() -> Result<()> {
     }
     let update_last = wait_seen(&mut seen, &expected, Duration::from_secs(120)).await?;
     let updated = update_last.duration_since(update_started);
+    println!(
+        "update: {changed} templates change replicas: every member copy updated {:.2} s after the first change (budget 1 s)",
+        updated.as_secs_f64()
+    );
     settle(
         &federation,
         Duration::from_secs(5),
@@ -276,25 +296,6 @@ async fn bench_burst_update_and_cold_start() -> Result<()> {
     let cold_writes: f64 = writes_by_kind(&federation).await?.values().sum();
     let rss_cold = federation.hub_pid().and_then(hub_rss_mib);
 
-    println!("burst: {templates} Deployments x {replicas} replicas, weighted over 3 members");
-    println!(
-        "  creates took {:.1} s; all {} member copies applied {:.1} s after the first create (budget 6 s for 500)",
-        created.as_secs_f64(),
-        templates * 3,
-        all_applied.as_secs_f64()
-    );
-    println!(
-        "  hub writes once settled: {total_writes:.0} = {:.2} per template ({settled_writes:?}; budget <= 3 per template)",
-        total_writes / templates as f64
-    );
-    println!(
-        "  hub RSS: {} MiB with {templates} templates (budget <= 100 MiB with 10,000)",
-        rss.map_or("?".into(), |r| format!("{r:.0}"))
-    );
-    println!(
-        "update: {changed} templates change replicas: every member copy updated {:.2} s after the first change (budget 1 s)",
-        updated.as_secs_f64()
-    );
     println!(
         "cold start: first full pass {:.1} s after start; {cold_writes:.0} writes in the 10 s after it (budget: quiescent <= 30 s, zero writes); RSS {} MiB",
         first_pass.map_or(f64::NAN, |d| d.as_secs_f64()),

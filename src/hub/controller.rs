@@ -31,7 +31,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::api::propagation_policy::ConflictResolution;
-use crate::api::resource_binding::{ClusterPlacementStatus, TargetCluster};
+use crate::api::resource_binding::{ClusterPlacementStatus, PlacementHealth, TargetCluster};
 use crate::api::{
     ClusterPropagationPolicy, FINALIZER_CLEANUP, LABEL_MANAGED_BY, MemberCluster, MyDatabaseStatus,
     PropagationPolicy, ResourceBinding,
@@ -59,6 +59,11 @@ pub const FIELD_MANAGER: &str = "bulkhead-hub";
 
 /// Conditions the propagator owns on a binding.
 const PROPAGATION_CONDITIONS: [&str; 3] = ["Propagated", "Healthy", "Degraded"];
+
+/// How long a status that is still converging (copies applied, not Ready yet) may wait
+/// before it is written anyway: a burst of new templates then costs one status write per
+/// binding and template once they are Ready, not one per step on the way.
+const STATUS_COALESCE: Duration = Duration::from_secs(5);
 
 /// Templates reconciled at once in a pass.
 const CONCURRENCY: usize = 64;
@@ -217,6 +222,8 @@ struct Context {
     failovers: Mutex<HashMap<String, jiff::Timestamp>>,
     /// Object -> (hash of the last payload written, resourceVersion the hub saw before).
     written: Mutex<HashMap<String, (u64, Option<String>)>>,
+    /// Status key -> since when a converging status has been waiting to be written.
+    converging: Mutex<HashMap<String, Instant>>,
 }
 
 impl Context {
@@ -233,6 +240,23 @@ impl Context {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(key, (hash_of(payload), version));
+    }
+
+    /// Whether a status change for `key` should wait: it is still converging and has not
+    /// waited [`STATUS_COALESCE`] yet.
+    fn defer_status(&self, key: &str, converged: bool) -> bool {
+        let mut waiting = self.converging.lock().unwrap_or_else(|p| p.into_inner());
+        if converged {
+            waiting.remove(key);
+            return false;
+        }
+        let since = *waiting.entry(key.to_string()).or_insert_with(Instant::now);
+        if since.elapsed() >= STATUS_COALESCE {
+            waiting.remove(key);
+            false
+        } else {
+            true
+        }
     }
 
     fn count_write(&self, what: &str) {
@@ -397,23 +421,34 @@ pub async fn run(
         generations: Mutex::default(),
         failovers: Mutex::default(),
         written: Mutex::default(),
+        converging: Mutex::default(),
     });
 
-    let mut changes = stream::select_all(streams);
+    // The reflectors run on their own task: a store must follow its watch while a pass
+    // is busy, or the pass after it decides on stale bindings and writes them again.
+    let hub_changed = Arc::new(tokio::sync::Notify::new());
+    let driver = {
+        let hub_changed = hub_changed.clone();
+        let mut changes = stream::select_all(streams);
+        tokio::spawn(async move {
+            while changes.next().await.is_some() {
+                hub_changed.notify_one();
+            }
+        })
+    };
     let mut health_changes = state.board.subscribe();
     let mut hub_health = state.hub_health.load_full();
     let mut interval = Duration::from_secs(5);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
-            event = changes.next() => if event.is_none() { break },
+            _ = hub_changed.notified() => {}
             _ = caches.changed.notified() => {}
             _ = health_changes.changed() => {}
             _ = tokio::time::sleep(interval) => {}
         }
         // Let a burst of events settle into one pass.
         tokio::time::sleep(Duration::from_millis(10)).await;
-        while let Some(Some(_)) = futures::FutureExt::now_or_never(changes.next()) {}
         if !stores.ready() {
             continue;
         }
@@ -439,6 +474,7 @@ pub async fn run(
         // Tolerations expire without any event: look every second while a member is down.
         interval = Duration::from_secs(if unhealthy { 1 } else { 5 });
     }
+    driver.abort();
     let abort = cache_task.abort_handle();
     if tokio::time::timeout(2 * crate::hub::tasks::SHUTDOWN_GRACE, cache_task)
         .await
@@ -939,6 +975,14 @@ async fn write_status(
             }
         })
         .collect();
+    // Converged: every reachable placement is Ready, or says why it is not (a conflict,
+    // an error, make-before-break). Only a status on its way there may wait.
+    let converged = job.deleting
+        || observations.iter().all(|o| {
+            !o.reachable
+                || o.message.is_some()
+                || crate::hub::aggregate::placement_health(o) == PlacementHealth::Healthy
+        });
     let mut rows = binding_rows(&observations, &plan.pending_cleanup);
     for row in rows.iter_mut().filter(|r| r.pending_cleanup) {
         if let Some(note) = plan.notes.get(&row.name) {
@@ -1013,7 +1057,9 @@ async fn write_status(
                     .await;
             }
         }
-        if rows != previous_rows || conditions != previous_conditions {
+        if (rows != previous_rows || conditions != previous_conditions)
+            && !context.defer_status(&key, converged)
+        {
             let payload = json!({
                 "apiVersion": "federation.example.com/v1alpha1",
                 "kind": "ResourceBinding",
@@ -1070,7 +1116,7 @@ async fn write_status(
                 .await;
         }
     }
-    write_template_status(context, job, &observations).await;
+    write_template_status(context, job, &observations, converged).await;
     if job.deleting {
         report.conditions.clear();
     }
@@ -1081,6 +1127,7 @@ async fn write_template_status(
     context: &Context,
     job: &Propagation<'_>,
     observations: &[CopyObservation],
+    converged: bool,
 ) {
     let generation = job.template.metadata.generation;
     let desired: i32 = job.targets.iter().map(|t| t.replicas).sum();
@@ -1112,6 +1159,9 @@ async fn write_template_status(
         job.template.name_any()
     );
     let payload = json!({"status": status});
+    if context.defer_status(&key, converged) {
+        return;
+    }
     if context.just_written(
         &key,
         &payload,
