@@ -55,4 +55,5 @@ bench:
 ## bench-lab: the propagation budgets measured on the lab (burst of 500 Deployments, 100
 ## replica changes, hub cold start; prints numbers; see docs/placement.md)
 bench-lab: lab-binaries
-	e2e/run-e2e.sh --ignored bench_ --nocapture
+	$(CARGO) build --release -p bulkhead --bin bulkhead
+	BULKHEAD_BIN=$(CURDIR)/target/release/bulkhead e2e/run-e2e.sh --ignored bench_ --nocapture

@@ -21,8 +21,12 @@ use tokio::task::JoinHandle;
 
 use crate::lab::Lab;
 
-/// The `bulkhead` binary built in this workspace.
+/// The `bulkhead` binary built in this workspace (debug), or the one `BULKHEAD_BIN`
+/// names (`make bench-lab` runs the release build).
 pub fn bulkhead_binary() -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os("BULKHEAD_BIN") {
+        return Ok(PathBuf::from(path));
+    }
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));

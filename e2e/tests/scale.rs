@@ -210,9 +210,10 @@ async fn bench_burst_update_and_cold_start() -> Result<()> {
         templates * 3,
         all_applied.as_secs_f64()
     );
+    // Quiet for longer than a converging status may wait (5 s), so nothing is pending.
     let settled_writes = settle(
         &federation,
-        Duration::from_secs(8),
+        Duration::from_secs(12),
         Duration::from_secs(300),
     )
     .await?;
@@ -271,8 +272,8 @@ async fn bench_burst_update_and_cold_start() -> Result<()> {
     );
     settle(
         &federation,
-        Duration::from_secs(5),
-        Duration::from_secs(120),
+        Duration::from_secs(12),
+        Duration::from_secs(300),
     )
     .await?;
 
