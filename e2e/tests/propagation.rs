@@ -216,7 +216,47 @@ async fn a_weighted_database_runs_in_its_members_and_reports_back() -> Result<()
         "moved in place, not recreated"
     );
 
-    // A hub restart changes nothing in the members, and the new hub writes nothing.
+    // A hub restart changes nothing in the members, and the new hub writes nothing. A
+    // built-in kind joins the custom one: a LIST returns built-in objects without
+    // apiVersion/kind, which a restarted hub must cope with.
+    federation
+        .apply(
+            &policies(),
+            federation.policy(
+                "orders-settings",
+                json!([{"apiVersion": "v1", "kind": "ConfigMap", "name": "orders-settings"}]),
+                json!({}),
+                json!({}),
+            ),
+        )
+        .await?;
+    federation
+        .apply(
+            &config_maps(),
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "orders-settings"}, "data": {"pool": "20"}}),
+        )
+        .await?;
+    federation
+        .wait_copies(
+            &config_maps(),
+            "orders-settings",
+            "in every member",
+            Duration::from_secs(30),
+            |c| c.len() == 3,
+        )
+        .await?;
+    federation
+        .wait_binding(
+            "orders-settings-configmap",
+            "Propagated and Healthy",
+            Duration::from_secs(30),
+            |b| {
+                (binding_condition(b, "Propagated") && binding_condition(b, "Healthy"))
+                    .then_some(())
+            },
+        )
+        .await?;
+    let config_maps_before = federation.member_uids(&config_maps()).await?;
     let statefulsets_before = federation
         .member_uids(&bulkhead_e2e::federation::statefulsets())
         .await?;
@@ -234,6 +274,10 @@ async fn a_weighted_database_runs_in_its_members_and_reports_back() -> Result<()
             .member_uids(&bulkhead_e2e::federation::statefulsets())
             .await?,
         statefulsets_before
+    );
+    assert_eq!(
+        federation.member_uids(&config_maps()).await?,
+        config_maps_before
     );
 
     // Deleting the template deletes every copy, then the template goes.
@@ -528,7 +572,12 @@ async fn propagation_latency_of_a_burst_of_template_updates() -> Result<()> {
                 watcher(api, watcher::Config::default().labels("burst=yes")).applied_objects();
             futures::pin_mut!(stream);
             let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-            while seen.len() < TEMPLATES * ROUNDS {
+            // Until the last round of every template arrived (a busy hub may fold two quick
+            // changes of one template into one apply: the member then never sees the first).
+            let last_round = |seen: &std::collections::HashMap<(String, usize), Instant>| {
+                (0..TEMPLATES).all(|i| seen.contains_key(&(format!("burst-{i}"), ROUNDS)))
+            };
+            while !last_round(&seen) {
                 let Ok(Some(Ok(object))) = tokio::time::timeout_at(deadline, stream.next()).await
                 else {
                     break;
@@ -558,9 +607,16 @@ async fn propagation_latency_of_a_burst_of_template_updates() -> Result<()> {
     }
     let rate = (TEMPLATES * ROUNDS) as f64 / started.elapsed().as_secs_f64();
     let mut latencies = vec![];
+    let mut folded = 0;
     for watcher in watchers {
         let (cluster, seen) = watcher.await?;
-        assert_eq!(seen.len(), TEMPLATES * ROUNDS, "{cluster} saw every change");
+        for i in 0..TEMPLATES {
+            assert!(
+                seen.contains_key(&(format!("burst-{i}"), ROUNDS)),
+                "{cluster} got the last change of burst-{i}"
+            );
+        }
+        folded += TEMPLATES * ROUNDS - seen.len();
         for (key, at) in seen {
             latencies.push(at.duration_since(changed_at[&key]).as_secs_f64() * 1000.0);
         }
@@ -569,7 +625,7 @@ async fn propagation_latency_of_a_burst_of_template_updates() -> Result<()> {
     let quantile =
         |q: f64| latencies[((latencies.len() as f64 * q).ceil() as usize).saturating_sub(1)];
     println!(
-        "propagation latency, {} member updates from {} template changes at {rate:.0}/s over 3 members: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms (budget: p99 <= 250 ms with 5 members at 50/s)",
+        "propagation latency, {} member updates from {} template changes at {rate:.0}/s over 3 members ({folded} folded into a later change): p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms (budget: p99 <= 250 ms with 5 members at 50/s)",
         latencies.len(),
         TEMPLATES * ROUNDS,
         quantile(0.5),

@@ -28,6 +28,11 @@ pub struct CopyObservation {
     pub fenced: bool,
     /// Why the copy is not applied, if known (a conflict, an apply error).
     pub message: Option<String>,
+    /// The copy exists in the member, as last seen.
+    pub present: bool,
+    /// The kind reports ready replicas (Deployment, StatefulSet, MyDatabase); a copy of
+    /// another kind (ConfigMap, Service, ...) is healthy once it is there and applied.
+    pub reports_readiness: bool,
 }
 
 fn int(status: &Option<Value>, field: &str) -> i32 {
@@ -87,7 +92,15 @@ fn copy_read_only(observation: &CopyObservation) -> bool {
 
 /// One placement's health for the binding.
 pub fn placement_health(observation: &CopyObservation) -> PlacementHealth {
-    if !observation.reachable || observation.status.is_none() {
+    if !observation.reachable || !observation.present {
+        PlacementHealth::Unknown
+    } else if !observation.reports_readiness {
+        if observation.applied {
+            PlacementHealth::Healthy
+        } else {
+            PlacementHealth::Unhealthy
+        }
+    } else if observation.status.is_none() {
         PlacementHealth::Unknown
     } else if observation.applied && ready(observation) >= observation.assigned_replicas {
         PlacementHealth::Healthy
@@ -487,6 +500,8 @@ mod tests {
             status: Some(status),
             fenced: false,
             message: None,
+            present: true,
+            reports_readiness: true,
         }
     }
 
@@ -648,6 +663,18 @@ mod tests {
         let first = mydatabase_status(None, &observations, 2, Some(1), false);
         let second = mydatabase_status(Some(&first), &observations, 2, Some(1), false);
         assert_eq!(first, second, "no change, no write");
+    }
+
+    #[test]
+    fn copies_without_readiness_are_healthy_once_applied() {
+        let mut config = copy("east", 1, json!({}), true);
+        config.status = None;
+        config.reports_readiness = false;
+        assert_eq!(placement_health(&config), PlacementHealth::Healthy);
+        config.applied = false;
+        assert_eq!(placement_health(&config), PlacementHealth::Unhealthy);
+        config.present = false;
+        assert_eq!(placement_health(&config), PlacementHealth::Unknown);
     }
 
     #[test]

@@ -379,10 +379,14 @@ pub async fn run(
         ($api:expr) => {{
             let (store, writer) = reflector::store();
             streams.push(
-                reflector(writer, watcher($api, watcher::Config::default()))
-                    .default_backoff()
-                    .map(|_| ())
-                    .boxed(),
+                reflector(
+                    writer,
+                    watcher($api, watcher::Config::default())
+                        .modify(|o| o.managed_fields_mut().clear()),
+                )
+                .default_backoff()
+                .map(|_| ())
+                .boxed(),
             );
             store
         }};
@@ -396,8 +400,15 @@ pub async fn run(
         let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
         let store = writer.as_reader();
         let api = Api::<DynamicObject>::all_with(hub.clone(), &ar);
+        // Stores keep what the hub reads: no managedFields, no kubectl's last-applied copy
+        // of the whole object (member copies drop both anyway).
+        let slim = watcher(api, watcher::Config::default()).modify(|o: &mut DynamicObject| {
+            o.managed_fields_mut().clear();
+            o.annotations_mut()
+                .remove("kubectl.kubernetes.io/last-applied-configuration");
+        });
         streams.push(
-            reflector(writer, watcher(api, watcher::Config::default()))
+            reflector(writer, slim)
                 .default_backoff()
                 .map(|_| ())
                 .boxed(),
@@ -697,6 +708,7 @@ async fn reconcile_template(
             if let Some(added) = views.iter().find(|v| &v.name == cluster).and_then(|v| {
                 v.taints
                     .iter()
+                    .filter(|t| crate::hub::taints::is_hub_taint(t))
                     .filter_map(|t| t.time_added.as_ref())
                     .map(|t| t.0)
                     .min()
@@ -709,8 +721,9 @@ async fn reconcile_template(
             }
         }
     }
-    if !has_finalizer {
-        set_finalizer(context, resource, &template, true).await;
+    // No copy goes out before the finalizer that guarantees its cleanup is in place.
+    if !has_finalizer && !set_finalizer(context, resource, &template, true).await {
+        return TemplateReport::default();
     }
     propagate_existing(
         context,
@@ -747,13 +760,14 @@ async fn propagate_existing(
     propagate(context, &job).await.1
 }
 
-/// Adds or removes the cleanup finalizer, guarded by the resourceVersion.
+/// Adds or removes the cleanup finalizer, guarded by the resourceVersion. Returns whether
+/// the template now has it as wanted.
 async fn set_finalizer(
     context: &Context,
     resource: &ApiResource,
     template: &DynamicObject,
     present: bool,
-) {
+) -> bool {
     let mut finalizers: Vec<String> = template
         .finalizers()
         .iter()
@@ -777,14 +791,20 @@ async fn set_finalizer(
         )
         .await
     {
-        Ok(_) => context.count_write("finalizer"),
-        Err(error) if classify(&error) == ApiErrorKind::Conflict => {}
-        Err(error) if classify(&error) == ApiErrorKind::NotFound => {}
-        Err(error) => tracing::warn!(
-            template = %format!("{}/{}", template.namespace().unwrap_or_default(), template.name_any()),
-            %error,
-            "cannot update the template's finalizers"
-        ),
+        Ok(_) => {
+            context.count_write("finalizer");
+            true
+        }
+        Err(error) if classify(&error) == ApiErrorKind::Conflict => false,
+        Err(error) if classify(&error) == ApiErrorKind::NotFound => false,
+        Err(error) => {
+            tracing::warn!(
+                template = %format!("{}/{}", template.namespace().unwrap_or_default(), template.name_any()),
+                %error,
+                "cannot update the template's finalizers"
+            );
+            false
+        }
     }
 }
 
@@ -805,7 +825,11 @@ async fn propagate(context: &Arc<Context>, job: &Propagation<'_>) -> (Plan, Temp
     let namespace = job.template.namespace().unwrap_or_default();
     let name = job.template.name_any();
     let label = binding_label(&namespace, &name);
-    let template_value = serde_json::to_value(job.template).unwrap_or_default();
+    let mut template_value = serde_json::to_value(job.template).unwrap_or_default();
+    // Objects from a LIST of a built-in kind carry no apiVersion/kind (only watch events
+    // do): a restarted hub's store has them bare. The copy needs both.
+    template_value["apiVersion"] = Value::String(job.resource.api_version.clone());
+    template_value["kind"] = Value::String(job.resource.kind.clone());
 
     // What the hub knows of each member.
     let known: Vec<(String, bool, bool, Option<Arc<DynamicObject>>)> = job
@@ -972,6 +996,8 @@ async fn write_status(
                     .filter(|s| !s.is_null()),
                 fenced: job.fence && !reachable,
                 message,
+                present: copy.is_some(),
+                reports_readiness: is_divisible(&job.resource.api_version, &job.resource.kind),
             }
         })
         .collect();

@@ -14,7 +14,7 @@ use futures::{StreamExt, stream};
 use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -199,10 +199,13 @@ fn start_watches(
         let api = Api::<DynamicObject>::all_with(client.clone(), resource);
         let config = watcher::Config::default().labels(&managed_selector());
         streams.push(
-            reflector(writer, watcher(api, config))
-                .default_backoff()
-                .map(|_| ())
-                .boxed(),
+            reflector(
+                writer,
+                watcher(api, config).modify(|o: &mut DynamicObject| o.managed_fields_mut().clear()),
+            )
+            .default_backoff()
+            .map(|_| ())
+            .boxed(),
         );
     }
     (ClusterCopies { stores }, stream::select_all(streams))
