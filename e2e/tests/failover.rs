@@ -496,7 +496,7 @@ async fn a_member_api_server_crash_is_a_partition_and_loses_nothing() -> Result<
     let before = uids(&federation).await?;
     let cut = Instant::now();
     federation.lab.kill_component("east", "kube-apiserver")?;
-    let restart = Restart(&federation);
+    let mut restart = Restart { armed: true };
     let detected = wait_unready(&federation, "east", cut).await?;
     let moved = federation
         .wait_copies_in(
@@ -518,7 +518,7 @@ async fn a_member_api_server_crash_is_a_partition_and_loses_nothing() -> Result<
             |r| r.fenced,
         )
         .await?;
-    drop(restart);
+    restart.armed = false;
     federation
         .lab
         .restart_component("east", "kube-apiserver")
@@ -552,24 +552,27 @@ async fn a_member_api_server_crash_is_a_partition_and_loses_nothing() -> Result<
     Ok(())
 }
 
-/// Restarts east's API server if a test fails while it is down.
-struct Restart<'a>(&'a Federation);
+/// Restarts east's API server when the test ends (a failure or an early error) while it
+/// is down, so the tests after it find a whole lab.
+struct Restart {
+    armed: bool,
+}
 
-impl Drop for Restart<'_> {
+impl Drop for Restart {
     fn drop(&mut self) {
-        if std::thread::panicking() {
-            let lab = bulkhead_e2e::Lab::from_env();
-            let _ = std::thread::spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build();
-                if let Ok(runtime) = runtime {
-                    let _ = runtime.block_on(lab.restart_component("east", "kube-apiserver"));
-                }
-            })
-            .join();
+        if !self.armed {
+            return;
         }
-        let _ = self.0;
+        let lab = bulkhead_e2e::Lab::from_env();
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            if let Ok(runtime) = runtime {
+                let _ = runtime.block_on(lab.restart_component("east", "kube-apiserver"));
+            }
+        })
+        .join();
     }
 }
 
