@@ -49,8 +49,8 @@ use crate::hub::matching::{PolicyCandidate, PolicyScope};
 use crate::hub::placement::ClusterView;
 use crate::hub::propagation::{self, MemberCopy, Plan, PlanInput};
 use crate::hub::scheduler::{
-    TEMPLATE_KINDS, binding_name, desired_binding, evicted_clusters, is_excluded_namespace,
-    resource, write_binding,
+    DesiredBinding, FIELD_MANAGER as SCHEDULER_FIELD_MANAGER, TEMPLATE_KINDS, binding_name,
+    desired_binding, evicted_clusters, is_excluded_namespace, resource, scheduler_status,
 };
 use crate::metrics::Metrics;
 
@@ -402,7 +402,14 @@ pub async fn run(
         let api = Api::<DynamicObject>::all_with(hub.clone(), &ar);
         // Stores keep what the hub reads: no managedFields, no kubectl's last-applied copy
         // of the whole object (member copies drop both anyway).
-        let slim = watcher(api, watcher::Config::default()).modify(|o: &mut DynamicObject| {
+        // A LIST returns built-in objects without apiVersion/kind (only watch events carry
+        // them), so a restarted hub's store would hold them bare: set them here, once.
+        let types = kube::api::TypeMeta {
+            api_version: ar.api_version.clone(),
+            kind: ar.kind.clone(),
+        };
+        let slim = watcher(api, watcher::Config::default()).modify(move |o: &mut DynamicObject| {
+            o.types = Some(types.clone());
             o.managed_fields_mut().clear();
             o.annotations_mut()
                 .remove("kubectl.kubernetes.io/last-applied-configuration");
@@ -744,7 +751,7 @@ async fn propagate_existing(
     existing: Option<&ResourceBinding>,
     views: &[ClusterView],
     now: jiff::Timestamp,
-    desired: &crate::hub::scheduler::DesiredBinding,
+    desired: &DesiredBinding,
 ) -> TemplateReport {
     let job = Propagation {
         resource,
@@ -758,6 +765,38 @@ async fn propagate_existing(
         now,
     };
     propagate(context, &job).await.1
+}
+
+/// Writes the decision when it differs from `existing`: spec and the scheduler's part of
+/// the status in one server-side apply (field manager `bulkhead-hub-scheduler`). Returns whether
+/// it wrote.
+pub async fn write_binding(
+    hub: &Client,
+    desired: &DesiredBinding,
+    existing: Option<&ResourceBinding>,
+) -> Result<bool, kube::Error> {
+    let unchanged = existing.is_some_and(|b| {
+        b.spec == desired.spec && scheduler_status(b.status.as_ref()) == desired.status
+    });
+    if unchanged {
+        return Ok(false);
+    }
+    let api: Api<ResourceBinding> = Api::namespaced(hub.clone(), &desired.namespace);
+    let mut binding = ResourceBinding::new(&desired.name, desired.spec.clone());
+    binding.metadata.namespace = Some(desired.namespace.clone());
+    binding.metadata.owner_references = Some(vec![desired.owner.clone()]);
+    binding.metadata.labels = Some(BTreeMap::from([(
+        crate::api::LABEL_MANAGED_BY.to_string(),
+        "bulkhead".to_string(),
+    )]));
+    binding.status = Some(desired.status.clone());
+    api.patch(
+        &desired.name,
+        &PatchParams::apply(SCHEDULER_FIELD_MANAGER).force(),
+        &Patch::Apply(&binding),
+    )
+    .await?;
+    Ok(true)
 }
 
 /// Adds or removes the cleanup finalizer, guarded by the resourceVersion. Returns whether
@@ -825,11 +864,7 @@ async fn propagate(context: &Arc<Context>, job: &Propagation<'_>) -> (Plan, Temp
     let namespace = job.template.namespace().unwrap_or_default();
     let name = job.template.name_any();
     let label = binding_label(&namespace, &name);
-    let mut template_value = serde_json::to_value(job.template).unwrap_or_default();
-    // Objects from a LIST of a built-in kind carry no apiVersion/kind (only watch events
-    // do): a restarted hub's store has them bare. The copy needs both.
-    template_value["apiVersion"] = Value::String(job.resource.api_version.clone());
-    template_value["kind"] = Value::String(job.resource.kind.clone());
+    let template_value = serde_json::to_value(job.template).unwrap_or_default();
 
     // What the hub knows of each member.
     let known: Vec<(String, bool, bool, Option<Arc<DynamicObject>>)> = job

@@ -55,11 +55,6 @@ impl ClusterCopies {
         self.store(resource)?
             .get(&ObjectRef::new_with(name, resource.clone()).within(namespace))
     }
-
-    /// Every copy of this kind (metrics and tests).
-    pub fn all(&self, resource: &ApiResource) -> Vec<Arc<DynamicObject>> {
-        self.store(resource).map(Store::state).unwrap_or_default()
-    }
 }
 
 /// Every member's copies. Cheap to clone.

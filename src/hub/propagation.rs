@@ -77,9 +77,6 @@ pub struct Plan {
     pub pending_cleanup: Vec<String>,
     /// Per-cluster explanations of what the hub is waiting for.
     pub notes: BTreeMap<String, String>,
-    /// The replicas each target cluster's copy is applied with (a shrinking cluster keeps
-    /// its current count until the replacement is Ready).
-    pub applied_replicas: BTreeMap<String, i32>,
     /// Deleting, and no copy is left anywhere: the finalizer can go.
     pub cleanup_done: bool,
 }
@@ -168,7 +165,6 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                     );
                     replicas = current;
                 }
-                plan.applied_replicas.insert(cluster.clone(), replicas);
                 let desired = member_copy(input.template, input.binding, Some(replicas));
                 if member.copy.is_some_and(|copy| copy_matches(&desired, copy)) {
                     continue;
@@ -356,13 +352,7 @@ mod tests {
         let east = copy(4, 4, "e");
         let west = copy(2, 2, "w");
         let members = [member("east", Some(&east)), member("west", Some(&west))];
-        assert_eq!(
-            plan(&input(&template, &targets, &members)),
-            Plan {
-                applied_replicas: [("east".into(), 4), ("west".into(), 2)].into(),
-                ..Default::default()
-            }
-        );
+        assert_eq!(plan(&input(&template, &targets, &members)), Plan::default());
 
         let mut drifted = copy(4, 4, "e");
         drifted.data["spec"]["template"]["spec"]["containers"][0]["image"] = json!("other");

@@ -8,11 +8,9 @@
 //! `bulkhead-system` and `kube-*` are never templates (they hold the members' credentials
 //! and the system), whatever a policy selects.
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
-use kube::{Api, Client, ResourceExt};
+use kube::ResourceExt;
+use kube::api::{ApiResource, DynamicObject};
 
 use crate::api::propagation_policy::{ConflictResolution, Placement};
 use crate::api::resource_binding::{
@@ -226,38 +224,6 @@ pub fn evicted_clusters(
             (now < o.replicas).then(|| (o.name.clone(), o.replicas - now))
         })
         .collect()
-}
-
-/// Writes the decision when it differs from `existing`: spec and the scheduler's part of
-/// the status in one server-side apply (field manager [`FIELD_MANAGER`]). Returns whether
-/// it wrote.
-pub async fn write_binding(
-    hub: &Client,
-    desired: &DesiredBinding,
-    existing: Option<&ResourceBinding>,
-) -> Result<bool, kube::Error> {
-    let unchanged = existing.is_some_and(|b| {
-        b.spec == desired.spec && scheduler_status(b.status.as_ref()) == desired.status
-    });
-    if unchanged {
-        return Ok(false);
-    }
-    let api: Api<ResourceBinding> = Api::namespaced(hub.clone(), &desired.namespace);
-    let mut binding = ResourceBinding::new(&desired.name, desired.spec.clone());
-    binding.metadata.namespace = Some(desired.namespace.clone());
-    binding.metadata.owner_references = Some(vec![desired.owner.clone()]);
-    binding.metadata.labels = Some(BTreeMap::from([(
-        crate::api::LABEL_MANAGED_BY.to_string(),
-        "bulkhead".to_string(),
-    )]));
-    binding.status = Some(desired.status.clone());
-    api.patch(
-        &desired.name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&binding),
-    )
-    .await?;
-    Ok(true)
 }
 
 #[cfg(test)]
