@@ -21,7 +21,9 @@ done
 
 # Membership: join the three members and run the hub in the background (docs/clusters.md).
 cargo build -q -p bulkhead --bin bulkhead
-bulkhead="$root/target/debug/bulkhead"
+target="${CARGO_TARGET_DIR:-$root/target}"
+[[ "$target" == /* ]] || target="$root/$target"
+bulkhead="$target/debug/bulkhead"
 lab_dir="${BULKHEAD_LAB_DIR:-/tmp/bulkhead-lab}"
 hub_kubeconfig="$(e2e/lab kubeconfig hub)"
 for member in east:zone-a:region-1 west:zone-b:region-1 north:zone-c:region-2; do
