@@ -171,6 +171,7 @@ fn bench_place<M: Measurement>(c: &mut Criterion<M>, group_name: &str) {
             placement,
             replicas: REPLICAS,
             divisible: true,
+            stateful: false,
             uid: UID,
             clusters: &clusters,
             current: &current,

@@ -25,7 +25,13 @@ use kube::CustomResourceExt;
 
 /// Label on every object the hub creates in a member.
 pub const LABEL_MANAGED_BY: &str = "federation.example.com/managed-by";
-/// Label naming the binding (`<namespace>.<name>`) a member copy belongs to.
+/// Annotation (value `"true"`) the hub sets on a member copy, just before deleting it,
+/// only when the user deleted the hub template. It tells the member's agent that the
+/// deletion is the user's, so `spec.storage.reclaimPolicy: Delete` may delete the volumes;
+/// a copy deleted without it (placement change, unjoin) always keeps them.
+pub const ANNOTATION_TEMPLATE_DELETED: &str = "federation.example.com/template-deleted";
+/// Label naming the template a member copy belongs to: a hash of `<namespace>.<name>`
+/// (always a valid label value); the annotation of the same key holds the full name.
 pub const LABEL_BINDING: &str = "federation.example.com/binding";
 /// Label/annotation naming an object's tenant.
 pub const LABEL_TENANT: &str = "federation.example.com/tenant";

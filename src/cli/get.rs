@@ -70,11 +70,16 @@ pub fn bindings_table(bindings: &[ResourceBinding]) -> String {
         let status = binding.status.clone().unwrap_or_default();
         let conditions: Vec<String> = ["Scheduled", "Propagated", "Healthy", "Degraded"]
             .iter()
-            .map(|t| {
-                let value = find_condition(&status.conditions, t)
-                    .map(|c| c.status.clone())
-                    .unwrap_or_else(|| "-".into());
-                format!("{t}={value}")
+            .map(|t| match find_condition(&status.conditions, t) {
+                // A False condition says why, e.g. Propagated=False(WaitingForPartition).
+                Some(c) if c.status == "False" && !c.reason.is_empty() && *t != "Degraded" => {
+                    format!("{t}=False({})", c.reason)
+                }
+                Some(c) if *t == "Degraded" && c.status == "True" => {
+                    format!("{t}=True({})", c.reason)
+                }
+                Some(c) => format!("{t}={}", c.status),
+                None => format!("{t}=-"),
             })
             .collect();
         let resource = &binding.spec.resource;
@@ -93,6 +98,11 @@ pub fn bindings_table(bindings: &[ResourceBinding]) -> String {
                 .unwrap_or("-"),
             conditions.join(" ")
         ));
+        if let Some(waiting) = find_condition(&status.conditions, "Propagated")
+            .filter(|c| c.reason == crate::hub::aggregate::WAITING_FOR_PARTITION)
+        {
+            out.push_str(&format!("  {}: {}\n", waiting.reason, waiting.message));
+        }
         let mut rows = vec![
             [
                 "CLUSTER", "SELECTED", "REPLICAS", "APPLIED", "HEALTH", "READY", "FENCED",

@@ -156,6 +156,7 @@ pub fn plan(
                 placement: &placement,
                 replicas,
                 divisible,
+                stateful: is_stateful(api_version, kind),
                 uid: &uid,
                 clusters: views,
                 current: &[],

@@ -213,10 +213,17 @@ pub fn template_conditions(
 /// The binding's own conditions from its rows: Propagated (every placement applied),
 /// Healthy (every placement Healthy) and Degraded (ClusterUnreachable while a placed
 /// cluster cannot be reached), keeping transition times of unchanged conditions.
+/// The Propagated reason while a stateful template's placement change waits for a
+/// partition to heal.
+pub const WAITING_FOR_PARTITION: &str = "WaitingForPartition";
+
+/// `waiting_for` names the not-Ready clusters a stateful template's placement change
+/// waits for (the partition freeze): `Propagated=False, reason=WaitingForPartition`.
 pub fn binding_conditions(
     conditions: &mut Vec<Condition>,
     observations: &[CopyObservation],
     rows: &[ClusterPlacementStatus],
+    waiting_for: &[String],
     generation: Option<i64>,
 ) {
     let placed: Vec<&ClusterPlacementStatus> = rows
@@ -237,7 +244,21 @@ pub fn binding_conditions(
                 .as_deref()
                 .is_some_and(|m| m.contains("not managed by Bulkhead"))
     });
-    let (propagated, reason, message) = if placed.is_empty() {
+    let (propagated, reason, message) = if !waiting_for.is_empty() {
+        (
+            false,
+            WAITING_FOR_PARTITION,
+            format!(
+                "the placement change waits: {} not Ready, and no copy of a stateful template is deleted or shrunk while a cluster of its placement is not Ready; it completes once {} Ready again",
+                waiting_for.join(", "),
+                if waiting_for.len() == 1 {
+                    "it is"
+                } else {
+                    "they are"
+                }
+            ),
+        )
+    } else if placed.is_empty() {
         (false, "NoPlacement", "no cluster is placed".to_string())
     } else if not_applied.is_empty() {
         (
@@ -685,7 +706,7 @@ mod tests {
         ];
         let rows = binding_rows(&observations, &[]);
         let mut conditions = vec![];
-        binding_conditions(&mut conditions, &observations, &rows, Some(1));
+        binding_conditions(&mut conditions, &observations, &rows, &[], Some(1));
         let status = |t: &str| find_condition(&conditions, t).unwrap().status.clone();
         assert_eq!(
             (status("Propagated"), status("Healthy"), status("Degraded")),
@@ -699,7 +720,7 @@ mod tests {
             "Deployment shop/web already exists in west and is not managed by Bulkhead".into(),
         );
         let rows = binding_rows(&cut, &[]);
-        binding_conditions(&mut conditions, &cut, &rows, Some(1));
+        binding_conditions(&mut conditions, &cut, &rows, &[], Some(1));
         let propagated = find_condition(&conditions, "Propagated").unwrap();
         assert_eq!(
             (propagated.status.as_str(), propagated.reason.as_str()),

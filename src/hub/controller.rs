@@ -33,18 +33,18 @@ use tokio_util::sync::CancellationToken;
 use crate::api::propagation_policy::ConflictResolution;
 use crate::api::resource_binding::{ClusterPlacementStatus, PlacementHealth, TargetCluster};
 use crate::api::{
-    ClusterPropagationPolicy, FINALIZER_CLEANUP, LABEL_MANAGED_BY, MemberCluster, MyDatabaseStatus,
-    PropagationPolicy, ResourceBinding,
+    ANNOTATION_TEMPLATE_DELETED, ClusterPropagationPolicy, FINALIZER_CLEANUP, LABEL_MANAGED_BY,
+    MemberCluster, MyDatabaseStatus, PropagationPolicy, ResourceBinding,
 };
 use crate::error::{ApiErrorKind, classify};
 use crate::hub::HubState;
 use crate::hub::aggregate::{
-    CopyObservation, binding_conditions, binding_rows, mydatabase_status, stamp_last_seen,
-    workload_status,
+    CopyObservation, WAITING_FOR_PARTITION, binding_conditions, binding_rows, mydatabase_status,
+    stamp_last_seen, workload_status,
 };
 use crate::hub::copies::{MANAGED_BY, Ownership, binding_label, ownership};
 use crate::hub::copy_cache::CopyCaches;
-use crate::hub::kinds::{hub_cluster_view, is_divisible};
+use crate::hub::kinds::{hub_cluster_view, is_divisible, is_stateful};
 use crate::hub::matching::{PolicyCandidate, PolicyScope};
 use crate::hub::placement::ClusterView;
 use crate::hub::propagation::{self, MemberCopy, Plan, PlanInput};
@@ -896,10 +896,13 @@ async fn propagate(context: &Arc<Context>, job: &Propagation<'_>) -> (Plan, Temp
         .filter(|r| r.pending_cleanup)
         .map(|r| r.name.clone())
         .collect();
+    let previous: &[TargetCluster] = job.binding.map_or(&[], |b| b.spec.clusters.as_slice());
     let plan = propagation::plan(&PlanInput {
         template: &template_value,
         binding: &label,
         divisible: is_divisible(&job.resource.api_version, &job.resource.kind),
+        stateful: is_stateful(&job.resource.api_version, &job.resource.kind),
+        previous,
         targets: job.targets,
         deleting: job.deleting,
         members: &members,
@@ -1071,7 +1074,13 @@ async fn write_status(
         })
         .unwrap_or_default();
     let mut conditions = previous_conditions.clone();
-    binding_conditions(&mut conditions, &observations, &rows, generation);
+    binding_conditions(
+        &mut conditions,
+        &observations,
+        &rows,
+        &plan.waiting_for,
+        generation,
+    );
 
     let mut report = TemplateReport {
         conditions: conditions
@@ -1081,6 +1090,42 @@ async fn write_status(
         fenced: rows.iter().filter(|r| r.fenced).count() as i64,
     };
     let namespace = job.template.namespace().unwrap_or_default();
+    let was_waiting = previous_conditions
+        .iter()
+        .any(|c| c.type_ == "Propagated" && c.reason == WAITING_FOR_PARTITION);
+    if !plan.waiting_for.is_empty() && !was_waiting {
+        let held: Vec<String> = plan
+            .notes
+            .iter()
+            .filter(|(_, note)| note.contains("waiting for the partition"))
+            .map(|(cluster, _)| cluster.clone())
+            .collect();
+        let note = format!(
+            "placement change waits for the partition to heal: {} not Ready; nothing is deleted or shrunk in {} until then",
+            plan.waiting_for.join(", "),
+            held.join(", ")
+        );
+        tracing::warn!(template = %job.template.name_any(), %note, "waiting for partition");
+        context
+            .event_both(
+                &job.template.object_ref(job.resource),
+                job.binding,
+                EventType::Warning,
+                WAITING_FOR_PARTITION,
+                note,
+            )
+            .await;
+    } else if plan.waiting_for.is_empty() && was_waiting {
+        context
+            .event_both(
+                &job.template.object_ref(job.resource),
+                job.binding,
+                EventType::Normal,
+                "PartitionHealed",
+                "every cluster of the placement is Ready again: the waiting placement change goes ahead (make-before-break)".into(),
+            )
+            .await;
+    }
     if let Some(binding) = job.binding {
         let key = format!("binding-status/{namespace}/{}", binding.name_any());
         // Newly fenced placements get an Event.
@@ -1118,8 +1163,11 @@ async fn write_status(
                     .await;
             }
         }
+        // Entering or leaving the partition freeze is news a user waits for: never
+        // coalesced.
+        let waiting_changed = was_waiting != !plan.waiting_for.is_empty();
         if (rows != previous_rows || conditions != previous_conditions)
-            && !context.defer_status(&key, converged)
+            && (waiting_changed || !context.defer_status(&key, converged))
         {
             let payload = json!({
                 "apiVersion": "federation.example.com/v1alpha1",
@@ -1373,6 +1421,25 @@ async fn delete_copy(
     let Some(api) = member_api(context, cluster, namespace, resource) else {
         return Outcome::Failed(format!("no credentials for {cluster}"));
     };
+    if delete.template_deleted && is_stateful(&resource.api_version, &resource.kind) {
+        // The user deleted the template: say so on the copy, so its agent may apply
+        // `reclaimPolicy: Delete`. A copy deleted without this mark keeps its volumes.
+        let mark = json!({"metadata": {"annotations": {ANNOTATION_TEMPLATE_DELETED: "true"}}});
+        let marked = api
+            .patch(name, &PatchParams::default(), &Patch::Merge(&mark))
+            .await;
+        context.count_call(cluster, "mark_deleted", marked.is_ok());
+        match marked {
+            Ok(_) => {}
+            Err(error) if classify(&error) == ApiErrorKind::NotFound => return Outcome::Done,
+            Err(error) => {
+                return Outcome::Failed(format!(
+                    "cannot mark the copy in {cluster} as deleted by the user: {}",
+                    short(&error)
+                ));
+            }
+        }
+    }
     let params = DeleteParams {
         preconditions: Some(Preconditions {
             uid: delete.uid.clone(),

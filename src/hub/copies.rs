@@ -24,14 +24,29 @@ const SERVER_METADATA: [&str; 9] = [
     "finalizers",
 ];
 
-/// The binding label value: `<namespace>.<name>`.
+/// The binding label value: a hash of `<namespace>.<name>` that always fits a label
+/// value (63 characters; a namespace and a name can be 63 and 253). The full name is in
+/// the annotation of the same key ([`binding_annotation`]).
 pub fn binding_label(namespace: &str, name: &str) -> String {
+    let full = binding_annotation(namespace, name);
+    format!(
+        "b{:016x}",
+        crate::hub::placement::stable_hash(&full, "binding")
+    )
+}
+
+/// The binding annotation value: `<namespace>.<name>` of the hub template.
+pub fn binding_annotation(namespace: &str, name: &str) -> String {
     format!("{namespace}.{name}")
 }
 
 /// The object the hub applies to a member: the template without server-owned metadata,
-/// status or hub finalizers, with the managed-by and binding labels, and `spec.replicas`
-/// set to the cluster's share for divided kinds.
+/// status or hub finalizers, with the managed-by and binding labels (and the binding
+/// annotation with the template's full name), and `spec.replicas` set to the cluster's
+/// share for divided kinds. Member-allocated fields are left to the member (a Service's
+/// addresses, except `clusterIP: None`, which makes it headless); a StatefulSet copy
+/// always retains its volume claims (a copy removed by a placement change must keep its
+/// data).
 pub fn member_copy(template: &Value, binding: &str, replicas: Option<i32>) -> Value {
     let mut copy = Map::new();
     copy.insert("apiVersion".into(), template["apiVersion"].clone());
@@ -59,6 +74,19 @@ pub fn member_copy(template: &Value, binding: &str, replicas: Option<i32>) -> Va
         labels.insert(LABEL_MANAGED_BY.into(), Value::String(MANAGED_BY.into()));
         labels.insert(LABEL_BINDING.into(), Value::String(binding.into()));
     }
+    let full_name = binding_annotation(
+        template["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or_default(),
+        template["metadata"]["name"].as_str().unwrap_or_default(),
+    );
+    if let Some(annotations) = metadata
+        .entry("annotations")
+        .or_insert_with(|| Value::Object(Map::new()))
+        .as_object_mut()
+    {
+        annotations.insert(LABEL_BINDING.into(), Value::String(full_name));
+    }
     copy.insert("metadata".into(), Value::Object(metadata));
     for (key, value) in template.as_object().into_iter().flatten() {
         if !matches!(key.as_str(), "apiVersion" | "kind" | "metadata" | "status") {
@@ -71,15 +99,28 @@ pub fn member_copy(template: &Value, binding: &str, replicas: Option<i32>) -> Va
         && let Some(spec) = copy.get_mut("spec").and_then(Value::as_object_mut)
     {
         // Allocated by the hub's API server from the hub's range: each member allocates
-        // its own (sending the hub's would be refused or collide).
+        // its own (sending the hub's would be refused or collide). `None` is not an
+        // address but the headless choice, and it must survive.
+        let headless = spec.get("clusterIP").and_then(Value::as_str) == Some("None");
         for field in ["clusterIP", "clusterIPs", "healthCheckNodePort"] {
             spec.remove(field);
+        }
+        if headless {
+            spec.insert("clusterIP".into(), Value::String("None".into()));
         }
         if let Some(ports) = spec.get_mut("ports").and_then(Value::as_array_mut) {
             for port in ports.iter_mut().filter_map(Value::as_object_mut) {
                 port.remove("nodePort");
             }
         }
+    }
+    if (api_version, kind) == ("apps/v1", "StatefulSet")
+        && let Some(spec) = copy.get_mut("spec").and_then(Value::as_object_mut)
+    {
+        spec.insert(
+            "persistentVolumeClaimRetentionPolicy".into(),
+            serde_json::json!({"whenDeleted": "Retain", "whenScaled": "Retain"}),
+        );
     }
     if let Some(replicas) = replicas
         && is_divisible(api_version, kind)
@@ -168,12 +209,58 @@ mod tests {
         assert_eq!(copy["metadata"]["labels"]["app"], "web");
         assert_eq!(copy["metadata"]["labels"][LABEL_MANAGED_BY], MANAGED_BY);
         assert_eq!(copy["metadata"]["labels"][LABEL_BINDING], "shop.web");
-        assert_eq!(copy["metadata"]["annotations"], json!({"team": "a"}));
+        assert_eq!(
+            copy["metadata"]["annotations"],
+            json!({"team": "a", LABEL_BINDING: "shop.web"})
+        );
         for field in SERVER_METADATA {
             assert!(copy["metadata"].get(field).is_none(), "{field}");
         }
         assert!(copy.get("status").is_none());
         assert_eq!(copy["spec"]["template"], template()["spec"]["template"]);
+    }
+
+    #[test]
+    fn the_binding_label_always_fits_and_the_annotation_has_the_full_name() {
+        let namespace = "n".repeat(63);
+        let name = "a-very-long-deployment-name-".repeat(9);
+        let label = binding_label(&namespace, &name);
+        assert!(label.len() <= 63, "{label}");
+        assert!(
+            label.chars().all(|c| c.is_ascii_alphanumeric()),
+            "a valid label value: {label}"
+        );
+        assert_ne!(label, binding_label(&namespace, "other"));
+        assert_eq!(label, binding_label(&namespace, &name), "stable");
+        let template = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": namespace}});
+        let copy = member_copy(&template, &label, None);
+        assert_eq!(copy["metadata"]["labels"][LABEL_BINDING], label.as_str());
+        assert_eq!(
+            copy["metadata"]["annotations"][LABEL_BINDING],
+            format!("{namespace}.{name}")
+        );
+    }
+
+    #[test]
+    fn headless_services_stay_headless() {
+        let service = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "db", "namespace": "shop"},
+            "spec": {"clusterIP": "None", "clusterIPs": ["None"], "ports": [{"port": 5432}], "selector": {"app": "db"}}});
+        let copy = member_copy(&service, "x", None);
+        assert_eq!(copy["spec"]["clusterIP"], "None");
+        assert!(copy["spec"].get("clusterIPs").is_none());
+    }
+
+    #[test]
+    fn statefulset_copies_always_retain_their_claims() {
+        let statefulset = json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "pg", "namespace": "shop"},
+            "spec": {"replicas": 3, "serviceName": "pg",
+                     "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Delete", "whenScaled": "Delete"}}});
+        let copy = member_copy(&statefulset, "x", Some(1));
+        assert_eq!(
+            copy["spec"]["persistentVolumeClaimRetentionPolicy"],
+            json!({"whenDeleted": "Retain", "whenScaled": "Retain"})
+        );
+        assert_eq!(copy["spec"]["replicas"], 1);
     }
 
     #[test]

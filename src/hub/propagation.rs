@@ -11,6 +11,14 @@
 //! reachable, its copies have been listed since the hub started (the cache is synced),
 //! and the copy is in that list. A restart, a lost cache or an unreachable cluster
 //! therefore never deletes anything; at worst it postpones a cleanup.
+//!
+//! Stateful kinds (StatefulSet, MyDatabase) add the **partition freeze**: while any
+//! cluster of the current or the new placement is not Ready, no copy is deleted or
+//! shrunk anywhere, whatever changed the placement; growth to Ready clusters still goes
+//! out. The plan names the clusters it waits for ([`Plan::waiting_for`]).
+//!
+//! An unreachable cluster's copy never counts as Ready for make-before-break: what the
+//! hub last saw of it may be minutes old.
 
 use std::collections::BTreeMap;
 
@@ -41,6 +49,10 @@ pub struct PlanInput<'a> {
     pub binding: &'a str,
     /// Deployment, StatefulSet, MyDatabase: per-cluster `spec.replicas`.
     pub divisible: bool,
+    /// StatefulSet, MyDatabase: the partition freeze applies.
+    pub stateful: bool,
+    /// The binding's decision before this one (what the current placement was).
+    pub previous: &'a [TargetCluster],
     /// The binding's decision.
     pub targets: &'a [TargetCluster],
     /// The template has a deletionTimestamp: remove every copy.
@@ -66,6 +78,9 @@ pub struct Apply {
 pub struct Delete {
     pub cluster: String,
     pub uid: Option<String>,
+    /// The user deleted the template (not a placement change): the executor marks a
+    /// stateful copy so its agent may apply `reclaimPolicy: Delete` to the volumes.
+    pub template_deleted: bool,
 }
 
 /// The answer.
@@ -79,6 +94,9 @@ pub struct Plan {
     pub notes: BTreeMap<String, String>,
     /// Deleting, and no copy is left anywhere: the finalizer can go.
     pub cleanup_done: bool,
+    /// Stateful only: the clusters of the current or new placement that are not Ready,
+    /// when that held back a delete or a shrink (the partition freeze). Empty otherwise.
+    pub waiting_for: Vec<String>,
 }
 
 /// `spec.replicas` of a copy.
@@ -132,6 +150,15 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     }
     let target = |cluster: &str| input.targets.iter().find(|t| t.name == cluster);
     let replacement_ready = replacement_ready(input);
+    let frozen_by = partition_freeze(input);
+    let frozen = !frozen_by.is_empty();
+    let waiting = || {
+        format!(
+            "waiting for the partition: {} not Ready, so no copy of this stateful template is deleted or shrunk anywhere",
+            frozen_by.join(", ")
+        )
+    };
+    let mut held = false;
 
     for member in input.members {
         let cluster = member.cluster.to_string();
@@ -155,15 +182,23 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                 if input.divisible
                     && let Some(current) = member.copy.and_then(copy_replicas)
                     && current > replicas
-                    && !replacement_ready
                 {
-                    plan.notes.insert(
-                        cluster.clone(),
-                        format!(
-                            "keeping {current} replicas until the new placement is Ready elsewhere (make-before-break), then {replicas}"
-                        ),
-                    );
-                    replicas = current;
+                    if frozen {
+                        plan.notes.insert(
+                            cluster.clone(),
+                            format!("{}: keeping {current} replicas, then {replicas}", waiting()),
+                        );
+                        replicas = current;
+                        held = true;
+                    } else if !replacement_ready {
+                        plan.notes.insert(
+                            cluster.clone(),
+                            format!(
+                                "keeping {current} replicas until the new placement is Ready elsewhere (make-before-break), then {replicas}"
+                            ),
+                        );
+                        replicas = current;
+                    }
                 }
                 let desired = member_copy(input.template, input.binding, Some(replicas));
                 if member.copy.is_some_and(|copy| copy_matches(&desired, copy)) {
@@ -182,10 +217,17 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                     if !holds {
                         continue;
                     }
-                    if replacement_ready {
+                    if frozen {
+                        plan.notes.insert(
+                            cluster.clone(),
+                            format!("removed from the placement; {}: the copy stays", waiting()),
+                        );
+                        held = true;
+                    } else if replacement_ready {
                         plan.deletes.push(Delete {
                             cluster: cluster.clone(),
                             uid: member.copy.and_then(|c| c.metadata.uid.clone()),
+                            template_deleted: false,
                         });
                         plan.notes.insert(
                             cluster.clone(),
@@ -199,6 +241,9 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                     }
                     plan.pending_cleanup.push(cluster);
                 } else if holds || recorded {
+                    // Its removal waits for the cluster: for a stateful kind, that is the
+                    // partition freeze too.
+                    held |= frozen;
                     plan.notes.insert(
                         cluster.clone(),
                         "removed from the placement; the copy is deleted once the cluster is reachable and the new placement is Ready".into(),
@@ -208,12 +253,51 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
             }
         }
     }
+    if held {
+        plan.waiting_for = frozen_by;
+    }
     plan
 }
 
+/// Stateful kinds only: the clusters of the current placement (the previous decision,
+/// every cluster the hub last saw holding a copy, recorded cleanups) or the new one that
+/// are not Ready. A cluster the hub no longer knows (unjoined) counts as not Ready.
+fn partition_freeze(input: &PlanInput<'_>) -> Vec<String> {
+    if !input.stateful {
+        return vec![];
+    }
+    let ready = |cluster: &str| {
+        input
+            .members
+            .iter()
+            .any(|m| m.cluster == cluster && m.reachable)
+    };
+    let mut placement: Vec<&str> = input
+        .targets
+        .iter()
+        .chain(input.previous)
+        .map(|t| t.name.as_str())
+        .chain(
+            input
+                .members
+                .iter()
+                .filter(|m| m.copy.is_some())
+                .map(|m| m.cluster),
+        )
+        .chain(input.pending.iter().map(String::as_str))
+        .collect();
+    placement.sort_unstable();
+    placement.dedup();
+    placement
+        .into_iter()
+        .filter(|cluster| !ready(cluster))
+        .map(str::to_string)
+        .collect()
+}
+
 /// Every cluster that keeps or gains replicas is Ready at its target: only then may a
-/// shrinking or removed cluster lose its replicas. An unreachable cluster counts only
-/// when it would gain replicas (its copy there is older and smaller).
+/// shrinking or removed cluster lose its replicas. An unreachable target never counts as
+/// Ready unless it is itself shrinking: the copy the hub last saw there may be stale.
 fn replacement_ready(input: &PlanInput<'_>) -> bool {
     input.targets.iter().all(|t| {
         let member = input.members.iter().find(|m| m.cluster == t.name);
@@ -228,8 +312,7 @@ fn replacement_ready(input: &PlanInput<'_>) -> bool {
                 Some(copy) if !input.divisible => copy.metadata.deletion_timestamp.is_none(),
                 Some(copy) => current == Some(t.replicas) && copy_ready(copy) >= t.replicas,
             },
-            // Unreachable: it blocks only if it was to grow.
-            _ => current.is_some_and(|c| c >= t.replicas),
+            _ => false,
         }
     })
 }
@@ -243,6 +326,7 @@ fn plan_cleanup(input: &PlanInput<'_>, plan: &mut Plan) {
                     plan.deletes.push(Delete {
                         cluster: cluster.clone(),
                         uid: copy.metadata.uid.clone(),
+                        template_deleted: true,
                     });
                 }
                 plan.notes
@@ -313,6 +397,8 @@ mod tests {
             template,
             binding: "shop.web",
             divisible: true,
+            stateful: false,
+            previous: &[],
             targets,
             deleting: false,
             members,
@@ -441,7 +527,8 @@ mod tests {
             last.deletes,
             [Delete {
                 cluster: "east".into(),
-                uid: Some("e".into())
+                uid: Some("e".into()),
+                template_deleted: false,
             }]
         );
     }
@@ -491,9 +578,10 @@ mod tests {
     }
 
     #[test]
-    fn an_unreachable_target_is_left_alone_and_blocks_shrinking_only_if_it_grows() {
+    fn an_unreachable_target_is_left_alone_and_never_counts_as_ready() {
         let template = template(6);
         let targets = targets(&[("east", 2), ("west", 2), ("north", 2)]);
+        // East was last seen Ready with 2: stale evidence, so west and north wait.
         let east = copy(2, 2, "e");
         let west = copy(3, 3, "w");
         let north = copy(3, 3, "n");
@@ -504,27 +592,167 @@ mod tests {
             member("west", Some(&west)),
             member("north", Some(&north)),
         ];
-        let plan_kept = plan(&input(&template, &targets, &members));
-        assert!(plan_kept.applies.iter().all(|a| a.cluster != "east"));
-        assert_eq!(
-            plan_kept.applies.len(),
-            2,
-            "west and north shrink: east already holds 2"
-        );
+        let kept = plan(&input(&template, &targets, &members));
+        assert!(kept.applies.is_empty(), "{:?}", kept.applies);
+        assert!(kept.notes["west"].contains("make-before-break"));
 
-        let small = copy(1, 1, "e");
-        let mut unreachable = member("east", Some(&small));
+        // The first scenario: the removed cluster's copy is not deleted because
+        // an unreachable target's stale copy looks big enough.
+        let targets = targets_of(&[("east", 1)]);
+        let east = copy(1, 1, "e");
+        let west = copy(1, 1, "w");
+        let mut unreachable = member("east", Some(&east));
         unreachable.reachable = false;
+        let members = [unreachable, member("west", Some(&west))];
+        let plan = plan(&input(&template, &targets, &members));
+        assert!(plan.deletes.is_empty(), "{:?}", plan.deletes);
+        assert_eq!(plan.pending_cleanup, ["west"]);
+    }
+
+    fn targets_of(list: &[(&str, i32)]) -> Vec<TargetCluster> {
+        targets(list)
+    }
+
+    fn database(replicas: i64) -> Value {
+        json!({
+            "apiVersion": "example.com/v1", "kind": "MyDatabase",
+            "metadata": {"name": "orders", "namespace": "shop", "uid": "hub-db"},
+            "spec": {"replicas": replicas, "version": "16"}
+        })
+    }
+
+    fn database_copy(replicas: i32, ready: i32, uid: &str) -> DynamicObject {
+        let mut value = member_copy(&database(2), "shop.orders", Some(replicas));
+        value["metadata"]["uid"] = json!(uid);
+        value["status"] = json!({"replicas": replicas, "readyReplicas": ready});
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn stateful<'a>(
+        template: &'a Value,
+        targets: &'a [TargetCluster],
+        previous: &'a [TargetCluster],
+        members: &'a [MemberCopy<'a>],
+    ) -> PlanInput<'a> {
+        PlanInput {
+            template,
+            binding: "shop.orders",
+            divisible: true,
+            stateful: true,
+            previous,
+            targets,
+            deleting: false,
+            members,
+            pending: &[],
+        }
+    }
+
+    #[test]
+    fn a_stateful_scale_down_during_a_partition_deletes_and_shrinks_nothing() {
+        let template = database(1);
+        let previous = targets(&[("east", 1), ("west", 1)]);
+        let east = database_copy(1, 1, "e");
+        let west = database_copy(1, 1, "w");
+        let mut cut_off = member("east", Some(&east));
+        cut_off.reachable = false;
+        let members = [cut_off, member("west", Some(&west))];
+        // Whichever cluster the new decision drops, nothing goes.
+        for new in [targets(&[("east", 1)]), targets(&[("west", 1)])] {
+            let plan = plan(&stateful(&template, &new, &previous, &members));
+            assert!(plan.deletes.is_empty(), "{:?}", plan.deletes);
+            assert!(plan.applies.is_empty(), "{:?}", plan.applies);
+            assert_eq!(plan.waiting_for, ["east"]);
+        }
+        // A shrink in a Ready cluster waits too.
+        let west = database_copy(3, 3, "w");
+        let members = [cut_off, member("west", Some(&west))];
+        let previous = targets(&[("east", 1), ("west", 3)]);
+        let new = targets(&[("east", 1), ("west", 1)]);
+        let plan = plan(&stateful(&template, &new, &previous, &members));
+        assert!(plan.applies.is_empty(), "west keeps 3: {:?}", plan.applies);
+        assert!(plan.notes["west"].contains("waiting for the partition"));
+        assert_eq!(plan.waiting_for, ["east"]);
+    }
+
+    #[test]
+    fn a_stateful_scale_up_during_a_partition_grows_the_ready_cluster() {
+        let template = database(4);
+        let previous = targets(&[("east", 1), ("west", 1)]);
+        let new = targets(&[("east", 1), ("west", 3)]);
+        let east = database_copy(1, 1, "e");
+        let west = database_copy(1, 1, "w");
+        let mut cut_off = member("east", Some(&east));
+        cut_off.reachable = false;
+        let members = [cut_off, member("west", Some(&west))];
+        let plan = plan(&stateful(&template, &new, &previous, &members));
+        let applied: Vec<(&str, i64)> = plan
+            .applies
+            .iter()
+            .map(|a| {
+                (
+                    a.cluster.as_str(),
+                    a.object["spec"]["replicas"].as_i64().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(applied, [("west", 3)]);
+        assert!(plan.waiting_for.is_empty(), "nothing held back");
+    }
+
+    #[test]
+    fn the_freeze_covers_every_cause_and_lifts_when_every_cluster_is_ready() {
+        let template = database(1);
+        let east = database_copy(1, 1, "e");
+        let west = database_copy(1, 1, "w");
+        let north = database_copy(1, 1, "n");
+        // North is cut off and not part of the new placement (affinity or a policy
+        // changed): it was part of the current one, so the freeze holds.
+        let previous = targets(&[("east", 1), ("north", 1), ("west", 1)]);
+        let new = targets(&[("east", 1)]);
+        let mut cut_off = member("north", Some(&north));
+        cut_off.reachable = false;
         let members = [
-            unreachable,
+            member("east", Some(&east)),
+            cut_off,
             member("west", Some(&west)),
-            member("north", Some(&north)),
         ];
-        assert!(
-            plan(&input(&template, &targets, &members))
-                .applies
-                .is_empty()
-        );
+        let frozen = plan(&stateful(&template, &new, &previous, &members));
+        assert!(frozen.deletes.is_empty());
+        assert_eq!(frozen.waiting_for, ["north"]);
+        assert_eq!(frozen.pending_cleanup, ["north", "west"]);
+
+        // A cluster the hub no longer knows (unjoined without cleanup) counts as not Ready.
+        let members = [member("east", Some(&east)), member("west", Some(&west))];
+        let unjoined = plan(&stateful(&template, &new, &previous, &members));
+        assert!(unjoined.deletes.is_empty());
+        assert_eq!(unjoined.waiting_for, ["north"]);
+
+        // Every cluster Ready: make-before-break deletes west (east is Ready at 1).
+        let members = [
+            member("east", Some(&east)),
+            member("north", Some(&north)),
+            member("west", Some(&west)),
+        ];
+        let healed = plan(&stateful(&template, &new, &new, &members));
+        let deleted: Vec<&str> = healed.deletes.iter().map(|d| d.cluster.as_str()).collect();
+        assert_eq!(deleted, ["north", "west"]);
+        assert!(healed.deletes.iter().all(|d| !d.template_deleted));
+        assert!(healed.waiting_for.is_empty());
+    }
+
+    #[test]
+    fn stateless_kinds_are_not_frozen() {
+        let template = template(3);
+        let previous = targets(&[("east", 3), ("west", 3)]);
+        let new = targets(&[("east", 3), ("west", 0)]);
+        let east = copy(3, 3, "e");
+        let west = copy(3, 3, "w");
+        let mut cut_off = member("east", Some(&east));
+        cut_off.reachable = false;
+        let members = [cut_off, member("west", Some(&west))];
+        let mut input = input(&template, &new, &members);
+        input.previous = &previous;
+        assert!(plan(&input).waiting_for.is_empty());
     }
 
     #[test]
@@ -547,7 +775,8 @@ mod tests {
             plan_now.deletes,
             [Delete {
                 cluster: "west".into(),
-                uid: Some("w".into())
+                uid: Some("w".into()),
+                template_deleted: true,
             }]
         );
         assert_eq!(plan_now.pending_cleanup, ["east", "west"]);
@@ -573,6 +802,8 @@ mod tests {
             template: &config,
             binding: "n.c",
             divisible: false,
+            stateful: false,
+            previous: &[],
             targets: &targets,
             deleting: false,
             members: &members,

@@ -134,6 +134,7 @@ pub fn desired_binding(
         placement: &placement,
         replicas,
         divisible,
+        stateful,
         uid: &uid,
         clusters,
         current: &current,

@@ -136,24 +136,39 @@ pub(crate) enum Mismatch<'a> {
 }
 
 /// How a candidate got in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Admission {
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Admission<'a> {
     Ready,
-    /// Not Ready, but it holds replicas and every NoSchedule/NoExecute taint on it is
-    /// tolerated: it keeps them for `seconds_left` more (None = indefinitely).
-    KeptNotReady {
-        seconds_left: Option<i64>,
-    },
+    /// The cluster holds replicas and keeps them, but gains none (it keeps at most what
+    /// it holds): the Kubernetes meaning of NoSchedule, of a NotReady node, and of
+    /// NoExecute for stateful kinds, which are never evicted.
+    Kept(Kept<'a>),
 }
 
-/// Checks one cluster. `holds_replicas` is asked only for a cluster that is not Ready.
+/// Why a cluster that holds replicas keeps them but gains none.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Kept<'a> {
+    /// Not Ready, and every NoSchedule/NoExecute taint on it is tolerated: it keeps its
+    /// replicas for `seconds_left` more (None = indefinitely).
+    NotReady { seconds_left: Option<i64> },
+    /// A NoSchedule taint is not tolerated: it blocks new replicas, not running ones.
+    NoSchedule(&'a Taint),
+    /// A NoExecute taint is not tolerated, but the kind is stateful: stateful placements
+    /// are never evicted (their data is there).
+    StatefulNoExecute(&'a Taint),
+}
+
+/// Checks one cluster. `holds_replicas` is asked only when the answer matters (a cluster
+/// that is not Ready or has a taint the placement does not tolerate). `stateful` kinds
+/// are never evicted by a NoExecute taint: a cluster that holds their replicas keeps them.
 pub(crate) fn check<'a>(
     cluster: &'a ClusterView,
     affinity: &Affinity<'a>,
     tolerations: &[Toleration],
-    holds_replicas: impl FnOnce() -> bool,
+    holds_replicas: impl Fn() -> bool,
+    stateful: bool,
     now_millis: i64,
-) -> Result<Admission, Exclusion<'a>> {
+) -> Result<Admission<'a>, Exclusion<'a>> {
     if !affinity.names.is_empty() && !affinity.names.contains(&cluster.name) {
         return Err(Exclusion::NotInClusterNames);
     }
@@ -179,33 +194,52 @@ pub(crate) fn check<'a>(
 
     let mut seconds_left: Option<i64> = None;
     let mut no_execute_taints = false;
+    let mut kept: Option<Kept<'a>> = None;
     for taint in &cluster.taints {
         let effect = taint.effect.as_str();
         if effect != "NoSchedule" && effect != "NoExecute" {
             continue;
         }
         no_execute_taints |= effect == "NoExecute";
-        match taint_verdict(taint, tolerations, now_millis) {
-            TaintVerdict::NotTolerated => return Err(Exclusion::TaintNotTolerated(taint)),
-            TaintVerdict::Expired { seconds_ago } => {
-                return Err(Exclusion::TolerationExpired { taint, seconds_ago });
-            }
-            TaintVerdict::Tolerated { seconds_left: None } => {}
+        let refused = match taint_verdict(taint, tolerations, now_millis) {
+            TaintVerdict::Tolerated { seconds_left: None } => continue,
             TaintVerdict::Tolerated {
                 seconds_left: Some(left),
-            } => seconds_left = Some(seconds_left.map_or(left, |s| s.min(left))),
+            } => {
+                seconds_left = Some(seconds_left.map_or(left, |s| s.min(left)));
+                continue;
+            }
+            TaintVerdict::NotTolerated => Exclusion::TaintNotTolerated(taint),
+            TaintVerdict::Expired { seconds_ago } => {
+                Exclusion::TolerationExpired { taint, seconds_ago }
+            }
+        };
+        // NoSchedule blocks new replicas and keeps running ones; NoExecute evicts, except
+        // stateful placements, which stay where their data is.
+        let keeps = if effect == "NoSchedule" {
+            Some(Kept::NoSchedule(taint))
+        } else if stateful {
+            Some(Kept::StatefulNoExecute(taint))
+        } else {
+            None
+        };
+        match keeps {
+            Some(reason) if holds_replicas() => {
+                kept.get_or_insert(reason);
+            }
+            _ => return Err(refused),
         }
     }
 
     if cluster.ready {
-        Ok(Admission::Ready)
-    } else if !no_execute_taints {
+        Ok(kept.map_or(Admission::Ready, Admission::Kept))
+    } else if !no_execute_taints && kept.is_none() {
         // Readiness is not carried by a taint we could weigh tolerations against.
         Err(Exclusion::NotReady)
     } else if holds_replicas() {
         // Kubernetes' NotReady node rule, lifted to clusters: nothing new is placed on it,
         // and what runs there stays as long as the NoExecute taint is tolerated.
-        Ok(Admission::KeptNotReady { seconds_left })
+        Ok(Admission::Kept(Kept::NotReady { seconds_left }))
     } else {
         Err(Exclusion::NotReadyNoNewReplicas)
     }

@@ -61,6 +61,9 @@ pub struct PlacementRequest<'a> {
     pub replicas: i32,
     /// Deployment/StatefulSet/MyDatabase: true; other kinds are always Duplicated.
     pub divisible: bool,
+    /// StatefulSet/MyDatabase: a NoExecute taint never evicts their replicas (a cluster
+    /// that holds some keeps them and gains none).
+    pub stateful: bool,
     /// Template UID, for deterministic tie-breaks.
     pub uid: &'a str,
     /// Every known member cluster.
@@ -139,7 +142,7 @@ pub(crate) enum StaticSource {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum State<'a> {
     Excluded(Exclusion<'a>),
-    Candidate(Admission),
+    Candidate(Admission<'a>),
     /// A spread constraint counts a field the cluster does not have (no region).
     NoSpreadGroup(SpreadByField),
     /// A spread constraint chose other groups.
@@ -158,6 +161,9 @@ pub(crate) struct Slot<'a> {
     pub weight_source: WeightSource,
     /// Aggregated only: the cluster holds replicas of the template now.
     pub holds_replicas: bool,
+    /// A kept cluster (not Ready, or a taint that blocks new replicas) gets at most
+    /// the replicas it holds now.
+    pub cap: Option<u32>,
     pub replicas: u32,
 }
 
@@ -205,17 +211,21 @@ pub fn decide<'a>(request: &PlacementRequest<'a>) -> Decision<'a> {
                 &affinity,
                 &placement.cluster_tolerations,
                 || current.get(&cluster.name) > 0,
+                request.stateful,
                 now_millis,
             ) {
                 Ok(admission) => State::Candidate(admission),
                 Err(exclusion) => State::Excluded(exclusion),
             };
+            let cap = matches!(state, State::Candidate(Admission::Kept(_)))
+                .then(|| u32::try_from(current.get(&cluster.name)).unwrap_or(0));
             Slot {
                 cluster,
                 state,
                 weight: 1,
                 weight_source: WeightSource::Uniform,
                 holds_replicas: false,
+                cap,
                 replicas: 0,
             }
         })
@@ -283,7 +293,7 @@ fn schedule(
     match mode {
         Mode::Duplicated => {
             for slot in slots.iter_mut().filter(|s| s.is_candidate()) {
-                slot.replicas = total;
+                slot.replicas = slot.cap.map_or(total, |cap| cap.min(total));
             }
         }
         Mode::Weighted { .. } => divide_weighted(request.uid, total, slots)?,
@@ -342,7 +352,46 @@ fn divide_weighted(uid: &str, total: u32, slots: &mut [Slot<'_>]) -> Result<(), 
     if parties.iter().all(|p| p.weight == 0) {
         return Err("no candidate cluster has a positive weight".to_string());
     }
-    let shares = divide::divide(total, &parties);
+    let mut shares = divide::divide(total, &parties);
+    // A kept cluster gets at most what it holds; its surplus goes to the others by the
+    // same division. Fixing a capped cluster only raises the others' shares (house
+    // monotone), so each round caps at least one more cluster and this ends.
+    let mut fixed = vec![false; parties.len()];
+    loop {
+        let over: Vec<usize> = (0..parties.len())
+            .filter(|&i| !fixed[i])
+            .filter(|&i| slots[members[i]].cap.is_some_and(|cap| shares[i] > cap))
+            .collect();
+        if over.is_empty() {
+            break;
+        }
+        let mut left = total;
+        for &i in &over {
+            fixed[i] = true;
+        }
+        for i in 0..parties.len() {
+            if fixed[i] {
+                shares[i] = slots[members[i]].cap.unwrap_or(0);
+                left = left.saturating_sub(shares[i]);
+            }
+        }
+        let open: Vec<usize> = (0..parties.len()).filter(|&i| !fixed[i]).collect();
+        let rest: Vec<Party<'_>> = open.iter().map(|&i| parties[i].clone()).collect();
+        if left > 0 && rest.iter().all(|p| p.weight == 0) {
+            let kept: Vec<&str> = (0..parties.len())
+                .filter(|&i| fixed[i])
+                .map(|i| parties[i].name)
+                .collect();
+            return Err(format!(
+                "{left} more {} cannot be placed: {} keep at most the replicas they hold (not Ready or tainted) and no other candidate can take more; waiting",
+                if left == 1 { "replica" } else { "replicas" },
+                kept.join(", ")
+            ));
+        }
+        for (&i, share) in open.iter().zip(divide::divide(left, &rest)) {
+            shares[i] = share;
+        }
+    }
     for (index, share) in members.into_iter().zip(shares) {
         slots[index].replicas = share;
     }
@@ -370,6 +419,11 @@ fn fill_aggregated(
             .cluster
             .available_replicas
             .map(|available| u64::try_from(available).unwrap_or(0).saturating_add(held));
+        // A kept cluster takes at most what it holds.
+        let room = match slot.cap {
+            Some(cap) => Some(room.map_or(u64::from(cap), |r| r.min(u64::from(cap)))),
+            None => room,
+        };
         order.push((index, room));
     }
     order.sort_by(|&(a, room_a), &(b, room_b)| {

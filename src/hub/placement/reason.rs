@@ -3,7 +3,7 @@
 
 use k8s_openapi::api::core::v1::Taint;
 
-use super::candidates::{Admission, Exclusion, Mismatch};
+use super::candidates::{Admission, Exclusion, Kept, Mismatch};
 use super::spread::{field_name, group_key};
 use super::{Mode, Slot, State, StaticSource, WeightSource};
 
@@ -41,12 +41,35 @@ pub(crate) fn render(slot: &Slot<'_>, context: &Context<'_>) -> String {
         }
         State::Candidate(admission) => {
             candidate(&mut out, slot, context);
-            if let Admission::KeptNotReady { seconds_left } = admission {
-                out.push_str("; not Ready, its replicas stay while its taints are tolerated");
-                if let Some(left) = seconds_left {
-                    out.push_str(" (");
-                    push_int(&mut out, left);
-                    out.push_str("s left)");
+            if let Admission::Kept(kept) = admission {
+                match kept {
+                    Kept::NotReady { seconds_left } => {
+                        out.push_str(
+                            "; not Ready, its replicas stay while its taints are tolerated",
+                        );
+                        if let Some(left) = seconds_left {
+                            out.push_str(" (");
+                            push_int(&mut out, left);
+                            out.push_str("s left)");
+                        }
+                    }
+                    Kept::NoSchedule(taint) => {
+                        out.push_str("; taint ");
+                        push_taint(&mut out, taint);
+                        out.push_str(" not tolerated: its replicas stay, no new ones");
+                    }
+                    Kept::StatefulNoExecute(taint) => {
+                        out.push_str("; taint ");
+                        push_taint(&mut out, taint);
+                        out.push_str(
+                            " not tolerated, but stateful replicas are never evicted: they stay, no new ones",
+                        );
+                    }
+                }
+                if let Some(cap) = slot.cap {
+                    out.push_str(" (keeps at most the ");
+                    push_int(&mut out, i64::from(cap));
+                    out.push_str(" it holds)");
                 }
             }
         }

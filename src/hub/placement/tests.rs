@@ -122,6 +122,7 @@ fn run_with(
         placement,
         replicas,
         divisible: true,
+        stateful: false,
         uid: UID,
         clusters,
         current,
@@ -210,6 +211,7 @@ fn kinds_without_replicas_are_duplicated_even_under_a_divided_policy() {
         placement: &placement,
         replicas: 1,
         divisible: false,
+        stateful: false,
         uid: UID,
         clusters: &three(),
         current: &[],
@@ -599,7 +601,7 @@ fn a_not_ready_cluster_keeps_its_replicas_while_the_hub_taint_is_tolerated() {
     assert_eq!(targets(&result), [("east", 1), ("north", 1), ("west", 1)]);
     assert_eq!(
         reason(&result, "north"),
-        "selected: weight 1, 1 of 3 replicas; not Ready, its replicas stay while its taints are tolerated (40s left)"
+        "selected: weight 1, 1 of 3 replicas; not Ready, its replicas stay while its taints are tolerated (40s left) (keeps at most the 1 it holds)"
     );
 
     // Nothing new goes to it.
@@ -1149,6 +1151,7 @@ fn decide_then_render_equals_place() {
         placement: &placement,
         replicas: 6,
         divisible: true,
+        stateful: false,
         uid: UID,
         clusters: &clusters,
         current: &[],
@@ -1170,6 +1173,7 @@ fn has_targets_tells_whether_a_write_is_needed() {
         placement: &placement,
         replicas: 6,
         divisible: true,
+        stateful: false,
         uid: UID,
         clusters: &clusters,
         current: &[],
@@ -1192,4 +1196,152 @@ fn scaled_to_zero_leaves_weight_zero_clusters_out() {
         reason(&result, "north"),
         "weight 0: no staticWeightList entry matches"
     );
+}
+
+fn run_stateful(
+    placement: &Placement,
+    replicas: i32,
+    clusters: &[ClusterView],
+    current: &[TargetCluster],
+) -> PlacementResult {
+    place(&PlacementRequest {
+        placement,
+        replicas,
+        divisible: true,
+        stateful: true,
+        uid: UID,
+        clusters,
+        current,
+        now: now(),
+    })
+}
+
+#[test]
+fn a_not_ready_cluster_never_gains_replicas_and_the_increase_goes_to_ready_ones() {
+    // The third scenario: 1 + 1, east cut off, scaled to 4.
+    let clusters = vec![
+        not_ready(cluster("east", "zone-a"), 20),
+        cluster("west", "zone-b"),
+    ];
+    let placement = tolerate(
+        weighted(&[("east", 1), ("west", 1)]),
+        Some(TAINT_UNREACHABLE),
+        None,
+    );
+    let holding = current(&[("east", 1), ("west", 1)]);
+    let result = run_stateful(&placement, 4, &clusters, &holding);
+    assert_eq!(targets(&result), [("east", 1), ("west", 3)]);
+    assert!(result.scheduled.is_ok());
+    assert!(
+        reason(&result, "east").contains("keeps at most the 1 it holds"),
+        "{}",
+        reason(&result, "east")
+    );
+    // Scaling down may shrink it in the decision (propagation holds the copy).
+    let result = run_stateful(&placement, 1, &clusters, &holding);
+    assert_eq!(targets(&result).iter().map(|t| t.1).sum::<i32>(), 1);
+}
+
+#[test]
+fn when_no_ready_candidate_can_take_an_increase_it_waits_and_says_why() {
+    let clusters = vec![
+        not_ready(cluster("east", "zone-a"), 20),
+        not_ready(cluster("west", "zone-b"), 20),
+    ];
+    let placement = tolerate(
+        weighted(&[("east", 1), ("west", 1)]),
+        Some(TAINT_UNREACHABLE),
+        None,
+    );
+    let holding = current(&[("east", 1), ("west", 1)]);
+    let result = run_stateful(&placement, 4, &clusters, &holding);
+    let error = result.scheduled.unwrap_err();
+    assert!(
+        error.contains("2 more replicas cannot be placed"),
+        "{error}"
+    );
+    assert!(error.contains("east, west"), "{error}");
+    assert!(
+        result.targets.is_empty(),
+        "the scheduler keeps the current targets"
+    );
+}
+
+#[test]
+fn caps_hold_for_duplicated_and_aggregated_too() {
+    let clusters = vec![
+        not_ready(cluster("east", "zone-a"), 20),
+        cluster("west", "zone-b"),
+    ];
+    let holding = current(&[("east", 2), ("west", 2)]);
+    let duplicated = tolerate(Placement::default(), Some(TAINT_UNREACHABLE), None);
+    let result = run_stateful(&duplicated, 5, &clusters, &holding);
+    assert_eq!(targets(&result), [("east", 2), ("west", 5)]);
+
+    let aggregated = tolerate(
+        divided(Some(DivisionPreference::Aggregated), None),
+        Some(TAINT_UNREACHABLE),
+        None,
+    );
+    let holding = current(&[("east", 3)]);
+    let result = run_stateful(&aggregated, 5, &clusters, &holding);
+    assert_eq!(targets(&result), [("east", 3), ("west", 2)]);
+}
+
+#[test]
+fn no_schedule_keeps_existing_placements_and_blocks_new_ones() {
+    let clusters = vec![
+        tainted(cluster("east", "zone-a"), "maintenance", "NoSchedule", None),
+        cluster("west", "zone-b"),
+    ];
+    let placement = weighted(&[("east", 1), ("west", 1)]);
+    // Not placed yet: excluded.
+    let result = run(&placement, 2, &clusters);
+    assert_eq!(targets(&result), [("west", 2)]);
+    // Already there: it stays, with no more than it holds, stateless or stateful.
+    for stateful in [false, true] {
+        let result = place(&PlacementRequest {
+            placement: &placement,
+            replicas: 4,
+            divisible: true,
+            stateful,
+            uid: UID,
+            clusters: &clusters,
+            current: &current(&[("east", 1), ("west", 1)]),
+            now: now(),
+        });
+        assert_eq!(
+            targets(&result),
+            [("east", 1), ("west", 3)],
+            "stateful {stateful}"
+        );
+        assert!(
+            reason(&result, "east")
+                .contains("maintenance:NoSchedule not tolerated: its replicas stay, no new ones"),
+            "{}",
+            reason(&result, "east")
+        );
+    }
+}
+
+#[test]
+fn no_execute_evicts_stateless_placements_and_never_stateful_ones() {
+    let clusters = vec![
+        tainted(cluster("east", "zone-a"), "maintenance", "NoExecute", None),
+        cluster("west", "zone-b"),
+    ];
+    let placement = weighted(&[("east", 1), ("west", 1)]);
+    let holding = current(&[("east", 1), ("west", 1)]);
+    let stateless = run_with(&placement, 2, &clusters, &holding);
+    assert_eq!(targets(&stateless), [("west", 2)], "evicted");
+    let stateful = run_stateful(&placement, 2, &clusters, &holding);
+    assert_eq!(targets(&stateful), [("east", 1), ("west", 1)], "kept");
+    assert!(
+        reason(&stateful, "east").contains("stateful replicas are never evicted"),
+        "{}",
+        reason(&stateful, "east")
+    );
+    // Not placed yet: a stateful template does not go there either.
+    let fresh = run_stateful(&placement, 2, &clusters, &[]);
+    assert_eq!(targets(&fresh), [("west", 2)]);
 }
