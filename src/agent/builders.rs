@@ -180,11 +180,15 @@ pub fn statefulset(database: &MyDatabase) -> StatefulSet {
                 type_: Some("RollingUpdate".into()),
                 ..Default::default()
             }),
-            // Scaling down keeps the data for a later scale-up; deleting the database
-            // deletes its volumes (the finalizer makes sure of it).
+            // The StatefulSet never deletes a claim. whenDeleted: Delete would make the
+            // claims owned by the StatefulSet, and the garbage collector would delete the
+            // volumes whenever the MyDatabase goes, for any reason (the hub moving the copy
+            // away included). Whether volumes are deleted is the finalizer's decision alone
+            // (`spec.storage.reclaimPolicy` and who deleted the database; see
+            // `volumes::reclaim_decision`). Scaling down keeps the data for a later scale-up.
             persistent_volume_claim_retention_policy: Some(
                 StatefulSetPersistentVolumeClaimRetentionPolicy {
-                    when_deleted: Some("Delete".into()),
+                    when_deleted: Some("Retain".into()),
                     when_scaled: Some("Retain".into()),
                 },
             ),
@@ -412,7 +416,7 @@ mod tests {
                 "podManagementPolicy": "OrderedReady",
                 "revisionHistoryLimit": 5,
                 "updateStrategy": {"type": "RollingUpdate"},
-                "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Delete", "whenScaled": "Retain"},
+                "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain", "whenScaled": "Retain"},
                 "selector": {"matchLabels": {"example.com/database": "orders"}},
                 "template": {
                     "metadata": {"labels": {
@@ -451,6 +455,40 @@ mod tests {
         assert_eq!(serde_json::to_value(&sts).unwrap(), expected);
     }
 
+    /// The StatefulSet controller labels each claim it creates with the claim template's
+    /// labels plus the selector's matchLabels: both must name the database, because the
+    /// finalizer and the reuse step find the claims by `example.com/database=<name>`.
+    #[test]
+    fn claims_created_from_the_template_carry_the_database_label() {
+        let sts = statefulset(&orders());
+        let spec = sts.spec.unwrap();
+        let template = &spec.volume_claim_templates.as_ref().unwrap()[0];
+        assert_eq!(template.metadata.name.as_deref(), Some("data"));
+        let template_labels = template.metadata.labels.as_ref().unwrap();
+        assert_eq!(
+            template_labels.get(LABEL_DATABASE).map(String::as_str),
+            Some("orders")
+        );
+        let selector = spec.selector.match_labels.as_ref().unwrap();
+        assert_eq!(
+            selector.get(LABEL_DATABASE).map(String::as_str),
+            Some("orders")
+        );
+    }
+
+    #[test]
+    fn the_statefulset_never_deletes_a_claim() {
+        let mut db = orders();
+        db.spec.storage.reclaim_policy = crate::api::mydatabase::ReclaimPolicy::Delete;
+        let policy = statefulset(&db)
+            .spec
+            .unwrap()
+            .persistent_volume_claim_retention_policy
+            .unwrap();
+        assert_eq!(policy.when_deleted.as_deref(), Some("Retain"));
+        assert_eq!(policy.when_scaled.as_deref(), Some("Retain"));
+    }
+
     #[test]
     fn image_repository_and_class_overrides() {
         let db = database(MyDatabaseSpec {
@@ -459,6 +497,7 @@ mod tests {
             storage: crate::api::mydatabase::DatabaseStorage {
                 size: "5Gi".into(),
                 storage_class_name: Some("fast".into()),
+                ..Default::default()
             },
             ..Default::default()
         });

@@ -3,12 +3,14 @@
 //! - `builders`: the children of a MyDatabase (pure);
 //! - `status`: its status (pure);
 //! - `fence`: the hub-lease watcher that decides whether this member is fenced;
+//! - `volumes`: what a deletion does with the volumes, and their reuse (pure);
 //! - `reconciler`: read -> build -> apply -> report.
 
 pub mod builders;
 pub mod fence;
 pub mod reconciler;
 pub mod status;
+pub mod volumes;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
@@ -20,6 +20,7 @@ use tokio::sync::watch;
 
 use super::builders::{self, ReadOnlyReason};
 use super::status::{Observed, compute_status, status_changed};
+use super::volumes;
 use crate::api::mydatabase::DatabasePhase;
 use crate::api::{MyDatabase, MyDatabaseStatus};
 use crate::error::{ApiErrorKind, classify};
@@ -322,9 +323,22 @@ async fn apply(database: &MyDatabase, context: &Context) -> Result<Action, Recon
         }
     };
 
-    // Read.
     let fenced = *context.fenced.borrow();
     let read_only = builders::read_only_reason(database, fenced);
+    let client = &context.client;
+    let read_write_service = builders::read_write_service(database, read_only);
+
+    // Read-only (fenced or spec.readOnly): the read-write Service loses its endpoints
+    // before anything else is read or applied. A fence is a race against the hub failing
+    // over; an unrelated failure further down (a quota, a member webhook refusing the
+    // ConfigMap, a slow StatefulSet read) must not keep writers connected. The fence
+    // watcher triggers a reconcile of every database (`reconcile_all_on` in `mod.rs`), and
+    // this is the first request of each.
+    if read_only.is_some() {
+        server_side_apply(client, &namespace, &read_write_service).await?;
+    }
+
+    // Read.
     let statefulsets: Api<StatefulSet> = Api::namespaced(context.client.clone(), &namespace);
     let existing = statefulsets
         .get_opt(&name)
@@ -334,8 +348,9 @@ async fn apply(database: &MyDatabase, context: &Context) -> Result<Action, Recon
         .as_ref()
         .and_then(|sts| builders::storage_change(database, sts));
 
-    // Build and apply. The ConfigMap goes first: the pods mount it.
-    let client = &context.client;
+    // Build and apply. The ConfigMap goes first: the pods mount it. When writable, the
+    // read-write Service follows the pods' configuration, so writes are routed only once
+    // the ConfigMap says read-write.
     server_side_apply(
         client,
         &namespace,
@@ -343,13 +358,17 @@ async fn apply(database: &MyDatabase, context: &Context) -> Result<Action, Recon
     )
     .await?;
     server_side_apply(client, &namespace, &builders::headless_service(database)).await?;
-    server_side_apply(
-        client,
-        &namespace,
-        &builders::read_write_service(database, read_only),
-    )
-    .await?;
+    if read_only.is_none() {
+        server_side_apply(client, &namespace, &read_write_service).await?;
+    }
     server_side_apply(client, &namespace, &builders::read_only_service(database)).await?;
+    if volumes::needs_reuse_check(database, existing.as_ref()) {
+        // Before the StatefulSet, and a failure stops the reconcile: it is retried, since
+        // the StatefulSet is not ours yet (see `needs_reuse_check`). Going on without it
+        // would leave claims in use labelled released, the label operators select to
+        // delete claims by hand (docs/mydatabase.md).
+        take_back_released_claims(database, context).await?;
+    }
     let mut desired = builders::statefulset(database);
     if let (Some(_), Some(existing)) = (&storage_refused, &existing) {
         // Claim templates are immutable: keep the existing ones and apply the rest, so
@@ -461,11 +480,69 @@ fn phase_name(phase: Option<DatabasePhase>) -> String {
         .unwrap_or_else(|| "none".into())
 }
 
-/// Removes what ownerReferences cannot: the volumes the StatefulSet created from its
-/// claim templates (they are not owned by the MyDatabase).
+/// Takes back the claims an earlier MyDatabase of this name left behind: the StatefulSet
+/// (same name, same claim template) binds the same claim names by itself; this removes
+/// the released marks and says so in an Event.
+async fn take_back_released_claims(
+    database: &MyDatabase,
+    context: &Context,
+) -> Result<(), ReconcileError> {
+    let namespace = database.namespace().unwrap_or_default();
+    let name = database.name_any();
+    let api_error = |action: String| {
+        let object = key(database);
+        move |source| ReconcileError::Api {
+            action,
+            object,
+            source,
+        }
+    };
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(context.client.clone(), &namespace);
+    let released = claims
+        .list(&ListParams::default().labels(&volumes::released_claims_selector(&name)))
+        .await
+        .map_err(api_error("listing released volume claims".into()))?;
+    let mut reused = vec![];
+    for claim in &released.items {
+        let claim_name = claim.name_any();
+        claims
+            .patch(
+                &claim_name,
+                &PatchParams::default(),
+                &Patch::Merge(&volumes::reuse_patch()),
+            )
+            .await
+            .map_err(api_error(format!(
+                "taking back the released volume claim {claim_name}"
+            )))?;
+        reused.push(claim_name);
+    }
+    if !reused.is_empty() {
+        context
+            .publish(
+                database,
+                EventType::Normal,
+                "VolumesReused",
+                format!(
+                    "reusing {} volume claim(s) kept from an earlier MyDatabase {name}: {}",
+                    reused.len(),
+                    reused.join(", ")
+                ),
+            )
+            .await;
+    }
+    Ok(())
+}
+
+/// Decides what ownerReferences cannot: the fate of the volumes the StatefulSet created
+/// from its claim templates (nothing owns them). They are deleted only when
+/// `reclaimPolicy: Delete` and the deletion is the user's (`volumes::reclaim_decision`);
+/// otherwise they stay, marked released, for a database of the same name to reuse.
 async fn cleanup(database: &MyDatabase, context: &Context) -> Result<Action, ReconcileError> {
     let namespace = database.namespace().unwrap_or_default();
+    let name = database.name_any();
     let object = key(database);
+    let decision = volumes::reclaim_decision(database);
     let deleting = compute_status(&Observed {
         database,
         statefulset: None,
@@ -478,34 +555,115 @@ async fn cleanup(database: &MyDatabase, context: &Context) -> Result<Action, Rec
         let patch = serde_json::json!({"status": {"phase": deleting.phase}});
         // Best effort: the object may already be on its way out.
         let _ = api
-            .patch_status(
-                &database.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await;
+        let fate = match decision {
+            volumes::VolumeDecision::Delete => "its volumes are deleted (reclaimPolicy Delete)",
+            volumes::VolumeDecision::Retain(_) => "its volumes are kept",
+        };
         context
             .publish(
                 database,
                 EventType::Normal,
                 "Deleting",
-                "deleting the database's volumes; children go with their owner".into(),
+                format!("deleting the database; children go with their owner and {fate}"),
             )
             .await;
     }
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(context.client.clone(), &namespace);
-    let selector = format!("{}={}", builders::LABEL_DATABASE, database.name_any());
-    claims
-        .delete_collection(
-            &DeleteParams::background(),
-            &ListParams::default().labels(&selector),
-        )
-        .await
-        .map_err(|source| ReconcileError::Api {
-            action: "deleting the volume claims".into(),
-            object: object.clone(),
+    let api_error = |action: String| {
+        let object = object.clone();
+        move |source| ReconcileError::Api {
+            action,
+            object,
             source,
-        })?;
+        }
+    };
+    // Never deletecollection on a label alone: list, then act on each claim by name, so
+    // the decision is about the claims seen here and nothing else.
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(context.client.clone(), &namespace);
+    let listed = claims
+        .list(&ListParams::default().labels(&volumes::claims_selector(&name)))
+        .await
+        .map_err(api_error("listing the volume claims".into()))?;
+    match decision {
+        volumes::VolumeDecision::Delete => {
+            let mut deleted = vec![];
+            for claim in &listed.items {
+                let claim_name = claim.name_any();
+                let params = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        uid: claim.metadata.uid.clone(),
+                        resource_version: None,
+                    }),
+                    ..DeleteParams::background()
+                };
+                match claims.delete(&claim_name, &params).await {
+                    Ok(_) => deleted.push(claim_name),
+                    Err(error) if classify(&error) == ApiErrorKind::NotFound => {}
+                    // The UID precondition failed: a different claim of that name exists
+                    // now, which this deletion never saw. Not ours to delete.
+                    Err(error) if classify(&error) == ApiErrorKind::Conflict => {
+                        tracing::info!(%object, claim = %claim_name, %error, "volume claim replaced since it was listed; left alone");
+                    }
+                    Err(error) => {
+                        return Err(
+                            api_error(format!("deleting the volume claim {claim_name}"))(error),
+                        );
+                    }
+                }
+            }
+            if !deleted.is_empty() {
+                context
+                    .publish(
+                        database,
+                        EventType::Normal,
+                        "VolumesDeleted",
+                        format!(
+                            "deleted {} volume claim(s) (reclaimPolicy Delete): {}",
+                            deleted.len(),
+                            deleted.join(", ")
+                        ),
+                    )
+                    .await;
+            }
+        }
+        volumes::VolumeDecision::Retain(reason) => {
+            let now = jiff::Timestamp::now();
+            let mut kept = vec![];
+            for claim in &listed.items {
+                let claim_name = claim.name_any();
+                if !volumes::is_released(claim) {
+                    claims
+                        .patch(
+                            &claim_name,
+                            &PatchParams::default(),
+                            &Patch::Merge(&volumes::release_patch(claim, &name, now)),
+                        )
+                        .await
+                        .map_err(api_error(format!(
+                            "marking the volume claim {claim_name} released"
+                        )))?;
+                }
+                kept.push(claim_name);
+            }
+            if !kept.is_empty() {
+                context
+                    .publish(
+                        database,
+                        EventType::Normal,
+                        "VolumesRetained",
+                        format!(
+                            "kept {} volume claim(s) because {}: {}; a MyDatabase {name} created again in this namespace reuses them, or list them with `kubectl get pvc -n {namespace} -l {}` to delete them by hand",
+                            kept.len(),
+                            reason.explanation(),
+                            kept.join(", "),
+                            volumes::released_claims_selector(&name),
+                        ),
+                    )
+                    .await;
+            }
+        }
+    }
     context.record_phase(&object, None);
     Ok(Action::await_change())
 }
@@ -535,6 +693,7 @@ pub fn owned_kinds(
 mod tests {
     use super::*;
     use crate::api::MyDatabaseSpec;
+    use crate::api::mydatabase::ReclaimPolicy;
     use http::{Request, Response, StatusCode};
     use kube::client::Body;
     use kube::runtime::events::Reporter;
@@ -602,19 +761,43 @@ mod tests {
         )
     }
 
+    /// One request the mocked API server answered (Events aside).
+    #[derive(Debug)]
+    struct Recorded {
+        /// "METHOD path?query".
+        call: String,
+        content_type: String,
+        body: serde_json::Value,
+    }
+
+    /// What the mocked API server saw.
+    struct Served {
+        /// "METHOD path?query" of everything but Events, in order.
+        calls: Vec<String>,
+        events: Vec<serde_json::Value>,
+        requests: Vec<Recorded>,
+    }
+
     /// Serves requests until the reconcile ends, answering each with `answer` and
     /// recording "METHOD path" for everything but Events.
     fn serve(
         mut handle: Handle,
         answer: impl Fn(&str, &str, &serde_json::Value) -> Response<Body> + Send + 'static,
-    ) -> tokio::task::JoinHandle<(Vec<String>, Vec<serde_json::Value>)> {
+    ) -> tokio::task::JoinHandle<Served> {
         tokio::spawn(async move {
             let mut calls = vec![];
             let mut events = vec![];
+            let mut requests = vec![];
             while let Some((request, send)) = handle.next_request().await {
                 let method = request.method().to_string();
                 let path = request.uri().path().to_string();
                 let query = request.uri().query().unwrap_or_default().to_string();
+                let content_type = request
+                    .headers()
+                    .get(http::header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_string();
                 let bytes = request.into_body().collect_bytes().await.unwrap();
                 let body: serde_json::Value =
                     serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
@@ -629,20 +812,70 @@ mod tests {
                     format!("{method} {path}?{query}")
                 };
                 send.send_response(answer(&method, &path, &body));
+                requests.push(Recorded {
+                    call: call.clone(),
+                    content_type,
+                    body,
+                });
                 calls.push(call);
             }
-            (calls, events)
+            Served {
+                calls,
+                events,
+                requests,
+            }
         })
+    }
+
+    fn claim_list(items: serde_json::Value) -> Response<Body> {
+        json(
+            StatusCode::OK,
+            serde_json::json!({"kind": "PersistentVolumeClaimList", "apiVersion": "v1", "metadata": {}, "items": items}),
+        )
+    }
+
+    /// Two claims the StatefulSet made for `orders`, as the API lists them.
+    fn two_claims(released: bool) -> serde_json::Value {
+        let claim = |ordinal: u32| {
+            let mut labels = serde_json::json!({"example.com/database": "orders"});
+            if released {
+                labels[volumes::LABEL_RELEASED] = "true".into();
+            }
+            serde_json::json!({
+                "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": format!("data-orders-{ordinal}"), "namespace": "shop", "uid": format!("claim-uid-{ordinal}"), "resourceVersion": "9", "labels": labels},
+                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+            })
+        };
+        serde_json::json!([claim(0), claim(1)])
+    }
+
+    fn status(code: u16, reason: &str) -> Response<Body> {
+        json(
+            StatusCode::from_u16(code).unwrap(),
+            serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code, "message": reason}),
+        )
     }
 
     fn echo(method: &str, path: &str, body: &serde_json::Value) -> Response<Body> {
         if path.ends_with("/statefulsets/orders") && body.is_null() {
             return not_found();
         }
-        if method == "DELETE" && path.ends_with("/persistentvolumeclaims") {
+        if method == "GET" && path.ends_with("/persistentvolumeclaims") {
+            return claim_list(serde_json::json!([]));
+        }
+        if method == "DELETE" && path.contains("/persistentvolumeclaims/") {
             return json(
                 StatusCode::OK,
-                serde_json::json!({"kind": "PersistentVolumeClaimList", "apiVersion": "v1", "metadata": {}, "items": []}),
+                serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200}),
+            );
+        }
+        if method == "PATCH" && path.contains("/persistentvolumeclaims/") {
+            // The claim after the patch; a merge patch body is not one (null values).
+            let name = path.rsplit('/').next().unwrap_or_default();
+            return json(
+                StatusCode::OK,
+                serde_json::json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": "shop"}}),
             );
         }
         let mut body = body.clone();
@@ -651,6 +884,45 @@ mod tests {
         }
         json(StatusCode::OK, body)
     }
+
+    /// Serves a deletion whose claim list holds [`two_claims`].
+    fn serve_with_claims(handle: Handle, released: bool) -> tokio::task::JoinHandle<Served> {
+        serve(handle, move |method, path, body| {
+            if method == "GET" && path.ends_with("/persistentvolumeclaims") {
+                return claim_list(two_claims(released));
+            }
+            echo(method, path, body)
+        })
+    }
+
+    fn deleted(database: MyDatabase) -> MyDatabase {
+        let mut database = database;
+        database.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()),
+        );
+        database
+    }
+
+    fn hub_copy(policy: ReclaimPolicy, template_deleted: bool) -> MyDatabase {
+        let mut db = orders(true, false);
+        db.spec.storage.reclaim_policy = policy;
+        db.labels_mut().insert(
+            crate::api::LABEL_MANAGED_BY.into(),
+            crate::hub::copies::MANAGED_BY.into(),
+        );
+        if template_deleted {
+            db.annotations_mut().insert(
+                crate::api::ANNOTATION_TEMPLATE_DELETED.into(),
+                "true".into(),
+            );
+        }
+        deleted(db)
+    }
+
+    const CLAIMS: &str = "/api/v1/namespaces/shop/persistentvolumeclaims";
+    const LIST_CLAIMS: &str = "GET /api/v1/namespaces/shop/persistentvolumeclaims?&labelSelector=example.com%2Fdatabase%3Dorders";
+    const STATUS: &str = "PATCH /apis/example.com/v1/namespaces/shop/mydatabases/orders/status";
+    const FINALIZER_REMOVAL: &str = "PATCH /apis/example.com/v1/namespaces/shop/mydatabases/orders";
 
     #[tokio::test]
     async fn first_reconcile_adds_the_finalizer_and_stops() {
@@ -661,7 +933,7 @@ mod tests {
             .unwrap();
         assert_eq!(action, Action::await_change());
         drop(context);
-        let (calls, _) = server.await.unwrap();
+        let Served { calls, .. } = server.await.unwrap();
         assert_eq!(
             calls,
             ["PATCH /apis/example.com/v1/namespaces/shop/mydatabases/orders"],
@@ -682,7 +954,7 @@ mod tests {
             "Provisioning: safety-net requeue"
         );
         drop(context);
-        let (calls, events) = server.await.unwrap();
+        let Served { calls, events, .. } = server.await.unwrap();
         let apply = "?&force=true&fieldManager=bulkhead-agent";
         assert_eq!(
             calls,
@@ -692,10 +964,13 @@ mod tests {
                 format!("PATCH /api/v1/namespaces/shop/services/orders-headless{apply}"),
                 format!("PATCH /api/v1/namespaces/shop/services/orders{apply}"),
                 format!("PATCH /api/v1/namespaces/shop/services/orders-ro{apply}"),
+                format!(
+                    "GET {CLAIMS}?&labelSelector=example.com%2Fdatabase%3Dorders%2Cexample.com%2Freleased%3Dtrue"
+                ),
                 format!("PATCH /apis/apps/v1/namespaces/shop/statefulsets/orders{apply}"),
-                "PATCH /apis/example.com/v1/namespaces/shop/mydatabases/orders/status".to_string(),
+                STATUS.to_string(),
             ],
-            "{calls:#?}"
+            "a new StatefulSet: released claims are looked for once, before it; {calls:#?}"
         );
         let reasons: Vec<&str> = events.iter().filter_map(|e| e["reason"].as_str()).collect();
         assert!(reasons.contains(&"PhaseChanged"), "{reasons:?}");
@@ -704,13 +979,13 @@ mod tests {
     #[tokio::test]
     async fn fenced_create_renders_read_only_children() {
         let (context, handle) = context(true);
-        let bodies = Arc::new(Mutex::new(vec![]));
+        let bodies = Arc::new(Mutex::new(HashMap::new()));
         let seen = bodies.clone();
         let server = serve(handle, move |method, path, body| {
             if method == "PATCH"
                 && (path.ends_with("configmaps/orders-config") || path.ends_with("services/orders"))
             {
-                seen.lock().unwrap().push(body.clone());
+                seen.lock().unwrap().insert(path.to_string(), body.clone());
             }
             echo(method, path, body)
         });
@@ -720,15 +995,106 @@ mod tests {
         drop(context);
         server.await.unwrap();
         let bodies = bodies.lock().unwrap();
-        let config = bodies[0]["data"]["postgresql.conf"].as_str().unwrap();
+        let config =
+            bodies["/api/v1/namespaces/shop/configmaps/orders-config"]["data"]["postgresql.conf"]
+                .as_str()
+                .unwrap();
         assert!(
             config.contains("default_transaction_read_only = on"),
             "{config}"
         );
         assert_eq!(
-            bodies[1]["spec"]["selector"][builders::LABEL_ACCEPTS_WRITES],
+            bodies["/api/v1/namespaces/shop/services/orders"]["spec"]["selector"]
+                [builders::LABEL_ACCEPTS_WRITES],
             "true"
         );
+    }
+
+    /// Read-only for either reason: the read-write Service (selector without endpoints) is
+    /// the very first request, before the StatefulSet is even read; the writable order is
+    /// the ConfigMap first and the read-write Service after the pods' configuration.
+    #[tokio::test]
+    async fn read_only_takes_the_writers_away_before_anything_else() {
+        let apply = "?&force=true&fieldManager=bulkhead-agent";
+        let rw = format!("PATCH /api/v1/namespaces/shop/services/orders{apply}");
+        let config = format!("PATCH /api/v1/namespaces/shop/configmaps/orders-config{apply}");
+        let read = "GET /apis/apps/v1/namespaces/shop/statefulsets/orders".to_string();
+        for (fenced, requested) in [(true, false), (false, true), (true, true), (false, false)] {
+            let (context, handle) = context(fenced);
+            let server = serve(handle, echo);
+            let mut db = orders(true, false);
+            db.spec.read_only = requested;
+            reconcile(Arc::new(db), context.clone()).await.unwrap();
+            drop(context);
+            let Served {
+                calls, requests, ..
+            } = server.await.unwrap();
+            let position = |call: &str| calls.iter().position(|c| c == call).unwrap();
+            if fenced || requested {
+                assert_eq!(
+                    calls[0], rw,
+                    "fenced={fenced} readOnly={requested}: {calls:#?}"
+                );
+                assert_eq!(
+                    requests[0].body["spec"]["selector"][builders::LABEL_ACCEPTS_WRITES],
+                    "true"
+                );
+                assert_eq!(
+                    calls.iter().filter(|c| **c == rw).count(),
+                    1,
+                    "applied once: {calls:#?}"
+                );
+                assert_eq!(&calls[1..3], [read.clone(), config.clone()]);
+            } else {
+                assert_eq!(calls[0], read, "{calls:#?}");
+                assert!(position(&config) < position(&rw), "{calls:#?}");
+                assert!(
+                    position(&format!(
+                        "PATCH /api/v1/namespaces/shop/services/orders-headless{apply}"
+                    )) < position(&rw)
+                );
+            }
+        }
+    }
+
+    /// A member's quota or webhook refusing the ConfigMap fails the reconcile, but the
+    /// fence is already in place: the read-write Service PATCH went out first.
+    #[tokio::test]
+    async fn a_refused_config_map_does_not_delay_the_fence() {
+        for (code, reason, kind) in [
+            (403, "Forbidden", ApiErrorKind::Forbidden),
+            (422, "Invalid", ApiErrorKind::Invalid),
+        ] {
+            let (context, handle) = context(true);
+            let server = serve(handle, move |method, path, body| {
+                if method == "PATCH" && path.ends_with("/configmaps/orders-config") {
+                    return status(code, reason);
+                }
+                echo(method, path, body)
+            });
+            let error = reconcile(Arc::new(orders(true, false)), context.clone())
+                .await
+                .unwrap_err();
+            assert_eq!(error.kind(), kind, "{error}");
+            drop(context);
+            let Served {
+                calls, requests, ..
+            } = server.await.unwrap();
+            let apply = "?&force=true&fieldManager=bulkhead-agent";
+            assert_eq!(
+                calls,
+                [
+                    format!("PATCH /api/v1/namespaces/shop/services/orders{apply}"),
+                    "GET /apis/apps/v1/namespaces/shop/statefulsets/orders".to_string(),
+                    format!("PATCH /api/v1/namespaces/shop/configmaps/orders-config{apply}"),
+                ],
+                "{code}: the fence went out before the refused ConfigMap; {calls:#?}"
+            );
+            assert_eq!(
+                requests[0].body["spec"]["selector"],
+                serde_json::json!({"example.com/database": "orders", builders::LABEL_ACCEPTS_WRITES: "true"})
+            );
+        }
     }
 
     #[tokio::test]
@@ -758,7 +1124,7 @@ mod tests {
         });
         reconcile(Arc::new(db), context.clone()).await.unwrap();
         drop(context);
-        let (calls, events) = server.await.unwrap();
+        let Served { calls, events, .. } = server.await.unwrap();
         assert_eq!(
             applied.lock().unwrap().as_ref().unwrap()["spec"]["replicas"],
             5
@@ -801,34 +1167,270 @@ mod tests {
         let action = reconcile(Arc::new(db), context.clone()).await.unwrap();
         assert_eq!(action, Action::requeue(Duration::from_secs(300)));
         drop(context);
-        let (calls, events) = server.await.unwrap();
+        let Served { calls, events, .. } = server.await.unwrap();
         assert!(
             !calls.iter().any(|c| c.contains("/status")),
             "no status write: {calls:#?}"
         );
         assert!(events.is_empty(), "no transition, no event: {events:?}");
+        assert!(
+            !calls.iter().any(|c| c.contains("/persistentvolumeclaims")),
+            "the StatefulSet is ours: no claim request in the steady state: {calls:#?}"
+        );
+    }
+
+    fn patched_claims(requests: &[Recorded]) -> Vec<&Recorded> {
+        requests
+            .iter()
+            .filter(|r| r.call.starts_with(&format!("PATCH {CLAIMS}/")))
+            .collect()
     }
 
     #[tokio::test]
-    async fn deletion_removes_volumes_then_the_finalizer() {
+    async fn deletion_with_retain_keeps_the_claims_and_marks_them_released() {
         let (context, handle) = context(false);
-        let server = serve(handle, echo);
+        let server = serve_with_claims(handle, false);
         let action = reconcile(Arc::new(orders(true, true)), context.clone())
             .await
             .unwrap();
         assert_eq!(action, Action::await_change());
         drop(context);
-        let (calls, events) = server.await.unwrap();
+        let Served {
+            calls,
+            events,
+            requests,
+        } = server.await.unwrap();
         assert_eq!(
             calls,
             [
-                "PATCH /apis/example.com/v1/namespaces/shop/mydatabases/orders/status",
-                "DELETE /api/v1/namespaces/shop/persistentvolumeclaims?&labelSelector=example.com%2Fdatabase%3Dorders",
-                "PATCH /apis/example.com/v1/namespaces/shop/mydatabases/orders",
+                STATUS.to_string(),
+                LIST_CLAIMS.to_string(),
+                format!("PATCH {CLAIMS}/data-orders-0"),
+                format!("PATCH {CLAIMS}/data-orders-1"),
+                FINALIZER_REMOVAL.to_string(),
+            ],
+            "no DELETE of a claim: {calls:#?}"
+        );
+        for patch in patched_claims(&requests) {
+            assert_eq!(patch.content_type, "application/merge-patch+json");
+            let metadata = &patch.body["metadata"];
+            assert_eq!(
+                metadata["labels"],
+                serde_json::json!({"example.com/released": "true"})
+            );
+            let at = metadata["annotations"][volumes::ANNOTATION_RELEASED_AT]
+                .as_str()
+                .unwrap();
+            assert!(at.parse::<jiff::Timestamp>().is_ok(), "RFC 3339: {at}");
+        }
+        assert!(events.iter().any(|e| e["reason"] == "Deleting"));
+        let retained = events
+            .iter()
+            .find(|e| e["reason"] == "VolumesRetained")
+            .expect("a VolumesRetained event");
+        let note = retained["note"].as_str().unwrap();
+        assert!(
+            note.contains("kept 2 volume claim(s)")
+                && note.contains("reclaimPolicy is Retain")
+                && note.contains("data-orders-0, data-orders-1"),
+            "{note}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_retried_deletion_keeps_the_first_release_time() {
+        let (context, handle) = context(false);
+        let server = serve_with_claims(handle, true);
+        reconcile(Arc::new(orders(true, true)), context.clone())
+            .await
+            .unwrap();
+        drop(context);
+        let Served { calls, events, .. } = server.await.unwrap();
+        assert_eq!(
+            calls,
+            [STATUS, LIST_CLAIMS, FINALIZER_REMOVAL],
+            "{calls:#?}"
+        );
+        assert!(events.iter().any(|e| e["reason"] == "VolumesRetained"));
+    }
+
+    #[tokio::test]
+    async fn a_hub_copy_moved_away_keeps_its_claims_even_with_reclaim_policy_delete() {
+        let (context, handle) = context(false);
+        let server = serve_with_claims(handle, false);
+        reconcile(
+            Arc::new(hub_copy(ReclaimPolicy::Delete, false)),
+            context.clone(),
+        )
+        .await
+        .unwrap();
+        drop(context);
+        let Served {
+            calls,
+            events,
+            requests,
+        } = server.await.unwrap();
+        assert_eq!(
+            calls,
+            [
+                STATUS.to_string(),
+                LIST_CLAIMS.to_string(),
+                format!("PATCH {CLAIMS}/data-orders-0"),
+                format!("PATCH {CLAIMS}/data-orders-1"),
+                FINALIZER_REMOVAL.to_string(),
             ],
             "{calls:#?}"
         );
-        assert!(events.iter().any(|e| e["reason"] == "Deleting"));
+        assert!(!calls.iter().any(|c| c.starts_with("DELETE")));
+        assert_eq!(patched_claims(&requests).len(), 2);
+        let note = events
+            .iter()
+            .find(|e| e["reason"] == "VolumesRetained")
+            .and_then(|e| e["note"].as_str())
+            .unwrap();
+        assert!(
+            note.contains("managed by the federation hub")
+                && note.contains("template was not deleted"),
+            "{note}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_hub_copy_whose_template_was_deleted_deletes_each_claim_by_uid() {
+        let (context, handle) = context(false);
+        let server = serve_with_claims(handle, false);
+        reconcile(
+            Arc::new(hub_copy(ReclaimPolicy::Delete, true)),
+            context.clone(),
+        )
+        .await
+        .unwrap();
+        drop(context);
+        let Served {
+            calls,
+            events,
+            requests,
+        } = server.await.unwrap();
+        assert_eq!(
+            calls,
+            [
+                STATUS.to_string(),
+                LIST_CLAIMS.to_string(),
+                format!("DELETE {CLAIMS}/data-orders-0"),
+                format!("DELETE {CLAIMS}/data-orders-1"),
+                FINALIZER_REMOVAL.to_string(),
+            ],
+            "each claim by name, never a collection: {calls:#?}"
+        );
+        for (ordinal, delete) in requests
+            .iter()
+            .filter(|r| r.call.starts_with("DELETE"))
+            .enumerate()
+        {
+            assert_eq!(
+                delete.body["preconditions"],
+                serde_json::json!({"uid": format!("claim-uid-{ordinal}")})
+            );
+            assert_eq!(delete.body["propagationPolicy"], "Background");
+        }
+        assert!(events.iter().any(|e| e["reason"] == "VolumesDeleted"));
+        assert!(!events.iter().any(|e| e["reason"] == "VolumesRetained"));
+    }
+
+    #[tokio::test]
+    async fn an_unmanaged_database_with_reclaim_policy_delete_deletes_its_claims() {
+        let (context, handle) = context(false);
+        let server = serve_with_claims(handle, false);
+        let mut db = orders(true, true);
+        db.spec.storage.reclaim_policy = ReclaimPolicy::Delete;
+        reconcile(Arc::new(db), context.clone()).await.unwrap();
+        drop(context);
+        let Served { calls, .. } = server.await.unwrap();
+        assert_eq!(
+            calls,
+            [
+                STATUS.to_string(),
+                LIST_CLAIMS.to_string(),
+                format!("DELETE {CLAIMS}/data-orders-0"),
+                format!("DELETE {CLAIMS}/data-orders-1"),
+                FINALIZER_REMOVAL.to_string(),
+            ],
+            "{calls:#?}"
+        );
+    }
+
+    /// A claim already gone (404) or replaced by another of that name since the list (the
+    /// UID precondition fails with 409) is not an error, and is not deleted.
+    #[tokio::test]
+    async fn a_claim_gone_or_replaced_since_the_list_is_left_alone() {
+        let (context, handle) = context(false);
+        let server = serve(handle, |method, path, body| {
+            if method == "GET" && path.ends_with("/persistentvolumeclaims") {
+                return claim_list(two_claims(false));
+            }
+            if method == "DELETE" && path.ends_with("/data-orders-0") {
+                return not_found();
+            }
+            if method == "DELETE" && path.ends_with("/data-orders-1") {
+                return status(409, "Conflict");
+            }
+            echo(method, path, body)
+        });
+        let mut db = orders(true, true);
+        db.spec.storage.reclaim_policy = ReclaimPolicy::Delete;
+        let action = reconcile(Arc::new(db), context.clone()).await.unwrap();
+        assert_eq!(action, Action::await_change());
+        drop(context);
+        let Served { calls, events, .. } = server.await.unwrap();
+        assert_eq!(calls.last().unwrap(), FINALIZER_REMOVAL, "{calls:#?}");
+        assert!(
+            !events.iter().any(|e| e["reason"] == "VolumesDeleted"),
+            "nothing was deleted by this reconcile: {events:#?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_database_created_again_takes_back_its_released_claims() {
+        let (context, handle) = context(false);
+        let server = serve(handle, |method, path, body| {
+            if method == "GET" && path.ends_with("/persistentvolumeclaims") {
+                return claim_list(two_claims(true));
+            }
+            echo(method, path, body)
+        });
+        reconcile(Arc::new(orders(true, false)), context.clone())
+            .await
+            .unwrap();
+        drop(context);
+        let Served {
+            calls,
+            events,
+            requests,
+        } = server.await.unwrap();
+        let apply = "?&force=true&fieldManager=bulkhead-agent";
+        let sts = format!("PATCH /apis/apps/v1/namespaces/shop/statefulsets/orders{apply}");
+        let first_reuse = calls
+            .iter()
+            .position(|c| c == &format!("PATCH {CLAIMS}/data-orders-0"))
+            .expect("claim 0 taken back");
+        assert_eq!(
+            calls[first_reuse + 1],
+            format!("PATCH {CLAIMS}/data-orders-1")
+        );
+        assert!(
+            first_reuse < calls.iter().position(|c| *c == sts).unwrap(),
+            "before the StatefulSet: {calls:#?}"
+        );
+        for patch in patched_claims(&requests) {
+            assert_eq!(patch.content_type, "application/merge-patch+json");
+            assert_eq!(patch.body, volumes::reuse_patch());
+        }
+        let note = events
+            .iter()
+            .find(|e| e["reason"] == "VolumesReused")
+            .and_then(|e| e["note"].as_str())
+            .expect("a VolumesReused event");
+        assert!(note.contains("data-orders-0, data-orders-1"), "{note}");
     }
 
     #[tokio::test]

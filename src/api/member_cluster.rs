@@ -207,6 +207,13 @@ pub struct MemberClusterStatus {
     /// Disruption state of this member's zone: Normal, PartialDisruption or FullDisruption.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zone_state: Option<ZoneState>,
+
+    /// When the hub last left its frozen state (every zone was in FullDisruption, so the
+    /// hub assumed it was the one cut off). Failover grace periods (the tolerationSeconds
+    /// of the hub's NoExecute taints) count from this time when it is later than the
+    /// taint's timeAdded; it is kept here so that a restarted hub keeps counting from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failover_grace_start: Option<Time>,
 }
 
 /// Resources of a member cluster, summed over its schedulable nodes.

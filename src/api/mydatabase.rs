@@ -76,10 +76,11 @@ pub struct MyDatabaseSpec {
     #[schemars(length(min = 1, max = 255))]
     pub image: Option<String>,
 
-    /// Persistent storage for each replica. Immutable after creation, because a
-    /// StatefulSet's volume claim templates cannot change: create a new database to resize.
+    /// Persistent storage for each replica, and what happens to it when the database is
+    /// deleted. Immutable after creation: a StatefulSet's volume claim templates cannot
+    /// change, so create a new database to resize.
     #[serde(default)]
-    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.storage is immutable after creation; create a new MyDatabase to change size or class"))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.storage is immutable after creation; create a new MyDatabase to change size, class or reclaim policy"))]
     pub storage: DatabaseStorage,
 
     /// CPU and memory requests and limits for each replica.
@@ -113,6 +114,28 @@ pub struct DatabaseStorage {
     /// set a default for this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_class_name: Option<String>,
+
+    /// What happens to the volumes when this MyDatabase is deleted. Retain (default): the
+    /// PersistentVolumeClaims stay, labelled `example.com/released: "true"`, and a new
+    /// MyDatabase of the same name in the same namespace reuses them. Delete: the claims
+    /// are deleted, but only when a user deleted the database (directly in a cluster, or
+    /// its federation template on the hub); a copy the hub moves to another cluster or
+    /// removes on unjoin always keeps its volumes. Set at creation, like the rest of
+    /// spec.storage; kept claims can always be deleted by hand (docs/mydatabase.md).
+    #[serde(default)]
+    pub reclaim_policy: ReclaimPolicy,
+}
+
+/// What happens to a database's volumes when it is deleted.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ReclaimPolicy {
+    /// Keep the volume claims, labelled `example.com/released: "true"`, for reuse by a
+    /// MyDatabase of the same name or deletion by hand.
+    #[default]
+    Retain,
+    /// Delete the volume claims when a user deletes the database; never when the
+    /// federation hub moves the copy away from a cluster.
+    Delete,
 }
 
 fn default_storage_size() -> String {
@@ -124,6 +147,7 @@ impl Default for DatabaseStorage {
         DatabaseStorage {
             size: default_storage_size(),
             storage_class_name: None,
+            reclaim_policy: ReclaimPolicy::default(),
         }
     }
 }
@@ -221,4 +245,99 @@ pub struct DatabaseClusterStatus {
     /// When the hub last read this cluster's copy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_seen: Option<Time>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    fn storage_schema() -> Value {
+        let crd = crate::api::mydatabase_crd();
+        let v1 = crd.spec.versions.iter().find(|v| v.name == "v1").unwrap();
+        let schema = serde_json::to_value(&v1.schema.as_ref().unwrap().open_api_v3_schema).unwrap();
+        schema["properties"]["spec"]["properties"]["storage"].clone()
+    }
+
+    /// The API server's structural defaulting, enough for `spec.storage`: a missing
+    /// property with a `default` gets it, recursively into objects.
+    fn apply_defaults(schema: &Value, value: &mut Value) {
+        let Some(properties) = schema["properties"].as_object() else {
+            return;
+        };
+        let Some(object) = value.as_object_mut() else {
+            return;
+        };
+        for (name, property) in properties {
+            if !object.contains_key(name)
+                && let Some(default) = property.get("default")
+            {
+                object.insert(name.clone(), default.clone());
+            }
+            if let Some(child) = object.get_mut(name) {
+                apply_defaults(property, child);
+            }
+        }
+    }
+
+    #[test]
+    fn reclaim_policy_is_a_documented_enum_defaulting_to_retain() {
+        let storage = storage_schema();
+        let policy = &storage["properties"]["reclaimPolicy"];
+        assert_eq!(policy["enum"], json!(["Retain", "Delete"]));
+        assert_eq!(policy["default"], "Retain");
+        let description = policy["description"].as_str().unwrap();
+        assert!(
+            description.contains("Retain (default)") && description.contains("Delete:"),
+            "each value is explained for kubectl explain: {description}"
+        );
+        assert_eq!(
+            storage["default"],
+            json!({"size": "1Gi", "reclaimPolicy": "Retain"})
+        );
+        assert_eq!(
+            storage["x-kubernetes-validations"][0]["rule"],
+            "self == oldSelf"
+        );
+    }
+
+    /// The CEL rule `self == oldSelf` compares defaulted objects: the API server defaults
+    /// the stored object when it reads it from etcd (oldSelf) and the request (self). An
+    /// object stored before reclaimPolicy existed therefore still updates.
+    #[test]
+    fn an_object_stored_without_reclaim_policy_still_passes_the_immutability_rule() {
+        let schema = storage_schema();
+        let mut stored = json!({"size": "1Gi"});
+        apply_defaults(&schema, &mut stored);
+        for request in [
+            json!({"size": "1Gi"}),
+            json!({"size": "1Gi", "reclaimPolicy": "Retain"}),
+        ] {
+            let mut request = request;
+            apply_defaults(&schema, &mut request);
+            assert_eq!(request, stored, "self == oldSelf holds");
+        }
+        let mut spec = json!({"replicas": 1});
+        apply_defaults(
+            &json!({"properties": {"storage": schema.clone()}}),
+            &mut spec,
+        );
+        assert_eq!(spec["storage"], stored, "no storage at all defaults alike");
+        let mut switched = json!({"size": "1Gi", "reclaimPolicy": "Delete"});
+        apply_defaults(&schema, &mut switched);
+        assert_ne!(switched, stored, "changing the policy is a change");
+    }
+
+    #[test]
+    fn a_spec_without_the_field_reads_as_retain() {
+        let spec: MyDatabaseSpec =
+            serde_json::from_value(json!({"storage": {"size": "2Gi"}})).unwrap();
+        assert_eq!(spec.storage.reclaim_policy, ReclaimPolicy::Retain);
+        let delete: DatabaseStorage =
+            serde_json::from_value(json!({"size": "2Gi", "reclaimPolicy": "Delete"})).unwrap();
+        assert_eq!(delete.reclaim_policy, ReclaimPolicy::Delete);
+        assert!(
+            serde_json::from_value::<DatabaseStorage>(json!({"reclaimPolicy": "Recycle"})).is_err()
+        );
+    }
 }

@@ -1,8 +1,11 @@
 //! `MyDatabase` `example.com/v1alpha1`: the older shape, served beside `v1` (the storage
 //! version) through the conversion webhook. Fields: `instances` = `replicas`,
 //! `postgresVersion` = `version`, `storageSize` = `storage.size`, `storageClass` =
-//! `storage.storageClassName`. What v1alpha1 lacks survives a round trip in the
-//! annotation `example.com/v1-spec`.
+//! `storage.storageClassName`. What v1alpha1 lacks (`image`, `resources`, `readOnly`,
+//! `storage.reclaimPolicy`) survives a round trip in the annotation `example.com/v1-spec`.
+//! An object created through v1alpha1 has no such annotation and gets the v1 defaults,
+//! `reclaimPolicy: Retain` included: a v1alpha1 client can never ask for volumes to be
+//! deleted.
 
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};

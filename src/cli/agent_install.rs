@@ -74,7 +74,9 @@ pub fn cluster_role() -> ClusterRole {
             rule(
                 &[""],
                 &["persistentvolumeclaims"],
-                &["get", "list", "watch", "delete", "deletecollection"],
+                // patch: released claims are labelled and taken back; delete: only one
+                // claim at a time, by name with a UID precondition (reclaimPolicy Delete).
+                &["get", "list", "watch", "patch", "delete"],
             ),
             rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
             rule(
@@ -210,9 +212,14 @@ mod tests {
             "the agent never deletes a MyDatabase"
         );
         assert!(verbs_for("secrets").is_empty(), "no access to Secrets");
+        let claims = verbs_for("persistentvolumeclaims");
         assert!(
-            verbs_for("persistentvolumeclaims").contains(&"deletecollection".to_string()),
-            "the finalizer deletes volumes"
+            claims.contains(&"patch".to_string()) && claims.contains(&"delete".to_string()),
+            "released claims are labelled; reclaimPolicy Delete deletes them one by one"
+        );
+        assert!(
+            !claims.contains(&"deletecollection".to_string()),
+            "never a delete by label alone"
         );
     }
 

@@ -108,6 +108,8 @@ struct ControllerMetrics {
     evictions: Family<ClusterLabel, Counter>,
     fenced: Gauge,
     failover_ready: Histogram,
+    synced: Gauge,
+    passes: Counter,
 }
 
 impl ControllerMetrics {
@@ -121,7 +123,19 @@ impl ControllerMetrics {
             evictions: Family::default(),
             fenced: Gauge::default(),
             failover_ready: Histogram::new(exponential_buckets(1.0, 1.5, 16)),
+            synced: Gauge::default(),
+            passes: Counter::default(),
         };
+        metrics.register(
+            "hub_synced",
+            "1 once the hub has read every hub object and every Ready member's copies and decided over every template (a restarted hub is quiescent from here)",
+            m.synced.clone(),
+        );
+        metrics.register(
+            "scheduler_passes",
+            "Passes over every template",
+            m.passes.clone(),
+        );
         metrics.register(
             "scheduler_pass_duration_seconds",
             "Time for one pass over every template: scheduling, propagation, status",
@@ -582,7 +596,116 @@ async fn pass(context: &Arc<Context>, stores: &Stores, frozen: bool) -> bool {
             .set(count);
     }
     context.metrics.fenced.set(fenced);
+    release_bindings(context, stores).await;
+    prune(context, stores);
+    // Every initial list is in (the pass ran) and every Ready member's copies are
+    // listed: from here on a restarted hub has decided over every template.
+    let synced = views.iter().filter(|v| v.ready).all(|v| {
+        context
+            .caches
+            .member(&v.name)
+            .is_some_and(|c| stores.templates.iter().all(|(ar, _)| c.synced(ar)))
+    });
+    context.metrics.synced.set(i64::from(synced));
+    context.metrics.passes.inc();
     views.iter().any(|v| !v.ready)
+}
+
+/// Removes the cleanup finalizer from bindings on their way out once nothing needs their
+/// record: the template is gone, or its cleanup is done, or it is not being deleted (the
+/// binding alone was deleted; the next pass writes a new one).
+async fn release_bindings(context: &Context, stores: &Stores) {
+    for binding in stores.bindings.state() {
+        if binding.metadata.deletion_timestamp.is_none()
+            || !binding.finalizers().iter().any(|f| f == FINALIZER_CLEANUP)
+        {
+            continue;
+        }
+        let resource = &binding.spec.resource;
+        let namespace = binding.namespace().unwrap_or_default();
+        let template = stores
+            .templates
+            .iter()
+            .find(|(ar, _)| ar.api_version == resource.api_version && ar.kind == resource.kind)
+            .and_then(|(ar, store)| {
+                store.get(&ObjectRef::new_with(&resource.name, ar.clone()).within(&namespace))
+            })
+            .filter(|t| resource.uid.is_none() || t.metadata.uid == resource.uid);
+        let needed = template.is_some_and(|t| {
+            t.metadata.deletion_timestamp.is_some()
+                && t.finalizers().iter().any(|f| f == FINALIZER_CLEANUP)
+        });
+        if needed {
+            continue;
+        }
+        let finalizers: Vec<&String> = binding
+            .finalizers()
+            .iter()
+            .filter(|f| *f != FINALIZER_CLEANUP)
+            .collect();
+        let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": binding.resource_version()}});
+        let api: Api<ResourceBinding> = Api::namespaced(context.hub.clone(), &namespace);
+        match api
+            .patch(
+                &binding.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => context.count_write("binding_finalizer"),
+            Err(error)
+                if matches!(
+                    classify(&error),
+                    ApiErrorKind::NotFound | ApiErrorKind::Conflict
+                ) => {}
+            Err(error) => {
+                tracing::warn!(binding = %binding.name_any(), %error, "cannot release the binding's finalizer")
+            }
+        }
+    }
+}
+
+/// Forgets what the hub remembered about templates and bindings that are gone.
+fn prune(context: &Context, stores: &Stores) {
+    let mut uids = std::collections::HashSet::new();
+    let mut keys = std::collections::HashSet::new();
+    for (resource, store) in &stores.templates {
+        for template in store.state() {
+            let namespace = template.namespace().unwrap_or_default();
+            let name = template.name_any();
+            if let Some(uid) = template.uid() {
+                uids.insert(uid);
+            }
+            let binding = binding_name(&name, &resource.kind);
+            keys.insert(format!("binding-status/{namespace}/{binding}"));
+            keys.insert(format!("{namespace}/{binding}"));
+            keys.insert(format!(
+                "template-status/{}/{namespace}/{name}",
+                resource.kind
+            ));
+        }
+    }
+    context
+        .generations
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|uid, _| uids.contains(uid));
+    context
+        .failovers
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|key, _| keys.contains(key));
+    context
+        .written
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|key, _| keys.contains(key));
+    context
+        .converging
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|key, _| keys.contains(key));
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -776,7 +899,9 @@ pub async fn write_binding(
     existing: Option<&ResourceBinding>,
 ) -> Result<bool, kube::Error> {
     let unchanged = existing.is_some_and(|b| {
-        b.spec == desired.spec && scheduler_status(b.status.as_ref()) == desired.status
+        b.spec == desired.spec
+            && scheduler_status(b.status.as_ref()) == desired.status
+            && b.finalizers().iter().any(|f| f == FINALIZER_CLEANUP)
     });
     if unchanged {
         return Ok(false);
@@ -785,6 +910,10 @@ pub async fn write_binding(
     let mut binding = ResourceBinding::new(&desired.name, desired.spec.clone());
     binding.metadata.namespace = Some(desired.namespace.clone());
     binding.metadata.owner_references = Some(vec![desired.owner.clone()]);
+    // The binding records the clusters that still hold a copy to clean up; it must
+    // outlive a template deleted with `--cascade=foreground` (the garbage collector then
+    // deletes the binding first). The hub releases it once the cleanup is done.
+    binding.metadata.finalizers = Some(vec![FINALIZER_CLEANUP.to_string()]);
     binding.metadata.labels = Some(BTreeMap::from([(
         crate::api::LABEL_MANAGED_BY.to_string(),
         "bulkhead".to_string(),
@@ -1165,7 +1294,7 @@ async fn write_status(
         }
         // Entering or leaving the partition freeze is news a user waits for: never
         // coalesced.
-        let waiting_changed = was_waiting != !plan.waiting_for.is_empty();
+        let waiting_changed = was_waiting == plan.waiting_for.is_empty();
         if (rows != previous_rows || conditions != previous_conditions)
             && (waiting_changed || !context.defer_status(&key, converged))
         {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Client, Resource};
@@ -69,7 +70,7 @@ async fn publish(
 pub async fn run(context: DisruptionContext, shutdown: CancellationToken) {
     let mut board_changes = context.board.subscribe();
     let mut previous: Option<BTreeMap<String, ZoneState>> = None;
-    let mut written: HashMap<String, ZoneState> = HashMap::new();
+    let mut written: HashMap<String, (ZoneState, Option<jiff::Timestamp>)> = HashMap::new();
     let api = Api::<MemberCluster>::all(context.hub.clone());
     loop {
         let snapshot = context.registry.snapshot();
@@ -134,39 +135,6 @@ pub async fn run(context: DisruptionContext, shutdown: CancellationToken) {
             }
         }
 
-        for (name, view) in &members {
-            let desired = states[&view.zone];
-            let recorded = written.get(*name).copied().or_else(|| {
-                snapshot
-                    .get(*name)
-                    .and_then(|h| h.object.status.as_ref())
-                    .and_then(|s| s.zone_state)
-            });
-            if recorded == Some(desired) {
-                continue;
-            }
-            let body = serde_json::json!({
-                "apiVersion": "federation.example.com/v1alpha1",
-                "kind": "MemberCluster",
-                "metadata": {"name": name},
-                "status": {"zoneState": desired},
-            });
-            match api
-                .patch_status(
-                    name,
-                    &PatchParams::apply(ZONE_FIELD_MANAGER).force(),
-                    &Patch::Apply(&body),
-                )
-                .await
-            {
-                Ok(_) => {
-                    written.insert((*name).clone(), desired);
-                }
-                Err(error) => tracing::warn!(member = %name, %error, "cannot write zoneState"),
-            }
-        }
-        written.retain(|name, _| snapshot.contains_key(name));
-
         let current = context.hub_health.load_full();
         let next = next_hub_health(&current, all_zones_down(&states), jiff::Timestamp::now());
         if next != *current {
@@ -201,6 +169,53 @@ pub async fn run(context: DisruptionContext, shutdown: CancellationToken) {
             let names: Vec<&String> = members.iter().map(|(n, _)| *n).collect();
             publish(&context, &snapshot, &names, &event).await;
         }
+        // The grace start goes with the zone state (one field manager, one apply that
+        // always carries both), so a restarted hub counts grace periods from it too.
+        let unfrozen_at = context.hub_health.load().unfrozen_at;
+        for (name, view) in &members {
+            let desired = states[&view.zone];
+            let status = snapshot.get(*name).and_then(|h| h.object.status.as_ref());
+            let stored_grace = status
+                .and_then(|s| s.failover_grace_start.as_ref())
+                .map(|t| t.0);
+            let grace = match (unfrozen_at, stored_grace) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            };
+            let recorded = written
+                .get(*name)
+                .copied()
+                .or_else(|| status.and_then(|s| s.zone_state).map(|z| (z, stored_grace)));
+            if recorded == Some((desired, grace)) {
+                continue;
+            }
+            let mut status = serde_json::json!({"zoneState": desired});
+            if let Some(grace) = grace {
+                status["failoverGraceStart"] =
+                    serde_json::to_value(Time(grace)).unwrap_or_default();
+            }
+            let body = serde_json::json!({
+                "apiVersion": "federation.example.com/v1alpha1",
+                "kind": "MemberCluster",
+                "metadata": {"name": name},
+                "status": status,
+            });
+            match api
+                .patch_status(
+                    name,
+                    &PatchParams::apply(ZONE_FIELD_MANAGER).force(),
+                    &Patch::Apply(&body),
+                )
+                .await
+            {
+                Ok(_) => {
+                    written.insert((*name).clone(), (desired, grace));
+                }
+                Err(error) => tracing::warn!(member = %name, %error, "cannot write zoneState"),
+            }
+        }
+        written.retain(|name, _| snapshot.contains_key(name));
+
         previous = Some(states);
 
         tokio::select! {

@@ -21,6 +21,10 @@ pub enum FailureKind {
     NotReady,
     /// The Secret is missing or unusable, or the API server answers 401/403.
     CredentialsInvalid,
+    /// Another MemberCluster, registered earlier, points at the same cluster (the same
+    /// kube-system namespace UID): the hub refuses this one, or both names would manage,
+    /// and delete, the same objects.
+    DuplicateCluster,
 }
 
 impl FailureKind {
@@ -30,6 +34,7 @@ impl FailureKind {
             FailureKind::Unreachable => "Unreachable",
             FailureKind::NotReady => "NotReady",
             FailureKind::CredentialsInvalid => "CredentialsInvalid",
+            FailureKind::DuplicateCluster => "DuplicateCluster",
         }
     }
 
@@ -38,7 +43,7 @@ impl FailureKind {
     pub fn taint_key(self) -> &'static str {
         match self {
             FailureKind::Unreachable | FailureKind::CredentialsInvalid => TAINT_UNREACHABLE,
-            FailureKind::NotReady => TAINT_NOT_READY,
+            FailureKind::NotReady | FailureKind::DuplicateCluster => TAINT_NOT_READY,
         }
     }
 }

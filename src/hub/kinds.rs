@@ -61,7 +61,8 @@ pub fn cluster_view(cluster: &MemberCluster, assume_ready: bool) -> ClusterView 
 /// taint must not evict anything, and a not-Ready cluster whose taint is not written yet
 /// must not lose its replicas at once (it gets the taint, dated from the condition's
 /// transition). Hub taints count from [`HubHealth::grace_start`], so every grace period
-/// restarts when the hub leaves the frozen state.
+/// restarts when the hub leaves the frozen state, or from the cluster's
+/// `status.failoverGraceStart` (the same moment, as stored by the hub before a restart).
 pub fn hub_cluster_view(cluster: &MemberCluster, health: &HubHealth) -> ClusterView {
     let mut view = cluster_view(cluster, false);
     if view.ready {
@@ -88,9 +89,18 @@ pub fn hub_cluster_view(cluster: &MemberCluster, health: &HubHealth) -> ClusterV
             value: None,
         });
     }
+    // The grace start this hub knows, or the one a previous hub stored on the cluster.
+    let stored = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.failover_grace_start.as_ref())
+        .map(|t| t.0);
     for taint in view.taints.iter_mut().filter(|t| is_hub_taint(t)) {
         if let Some(added) = taint.time_added.as_mut() {
             added.0 = health.grace_start(added.0);
+            if let Some(stored) = stored {
+                added.0 = added.0.max(stored);
+            }
         }
     }
     view
@@ -228,6 +238,19 @@ mod tests {
                 .0,
             jiff::Timestamp::from_second(1_800_000_000).unwrap(),
             "grace restarts after a freeze"
+        );
+        // A restarted hub (no unfrozen_at in memory) reads the stored grace start.
+        let mut stored = cluster.clone();
+        stored.status.as_mut().unwrap().failover_grace_start =
+            Some(Time(jiff::Timestamp::from_second(1_800_000_100).unwrap()));
+        assert_eq!(
+            hub_cluster_view(&stored, &HubHealth::default()).taints[0]
+                .time_added
+                .as_ref()
+                .unwrap()
+                .0,
+            jiff::Timestamp::from_second(1_800_000_100).unwrap(),
+            "the grace survives a hub restart"
         );
         let failed = failed(&view, jiff::Timestamp::UNIX_EPOCH);
         assert_eq!(failed.taints.len(), 1);

@@ -218,6 +218,7 @@ pub async fn run_membership(
         metrics: hub_metrics.clone(),
         recorder: recorder.clone(),
         capacity_interval: options.capacity_interval,
+        cluster_ids: Arc::default(),
     };
     let probers = tokio::spawn(tasks::per_member(
         state.registry.clone(),

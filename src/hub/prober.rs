@@ -27,7 +27,7 @@ use crate::hub::health::{
     CONDITION_READY, FailureKind, Health, HealthTracker, ProbeOutcome, Thresholds, conditions_for,
     health_from_conditions, wanted_taint,
 };
-use crate::hub::members::{MemberHandle, Registry};
+use crate::hub::members::{MemberHandle, MemberSnapshot, Registry};
 use crate::hub::metrics::{ClusterLabels, HubMetrics, ProbeLabels};
 use crate::hub::taints::reconcile_taints;
 
@@ -107,6 +107,48 @@ pub struct ProberContext {
     pub recorder: Recorder,
     /// How often version and capacity are refreshed while the member is healthy.
     pub capacity_interval: Duration,
+    /// Member name -> the UID of its kube-system namespace (the cluster's identity), as
+    /// each prober last read it.
+    pub cluster_ids: Arc<Mutex<HashMap<String, String>>>,
+}
+
+/// Reads the member's identity: the UID of its kube-system namespace.
+async fn read_cluster_id(client: &Client, timeout: Duration) -> Option<String> {
+    let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone());
+    match tokio::time::timeout(timeout, namespaces.get("kube-system")).await {
+        Ok(Ok(namespace)) => namespace.metadata.uid,
+        Ok(Err(error)) => {
+            tracing::debug!(%error, "cannot read the member's kube-system namespace");
+            None
+        }
+        Err(_) => None,
+    }
+}
+
+/// The member registered before `name` that points at the same cluster, if any. The
+/// older MemberCluster (creationTimestamp, then name) keeps the cluster; a later one is
+/// refused, whichever prober reads the identity first.
+pub fn duplicate_of(
+    name: &str,
+    id: &str,
+    ids: &HashMap<String, String>,
+    snapshot: &MemberSnapshot,
+) -> Option<String> {
+    let rank = |member: &str| {
+        snapshot.get(member).map(|h| {
+            (
+                h.object.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                member.to_string(),
+            )
+        })
+    };
+    let mine = rank(name)?;
+    ids.iter()
+        .filter(|(other, other_id)| other.as_str() != name && other_id.as_str() == id)
+        .filter_map(|(other, _)| rank(other).map(|r| (r, other)))
+        .filter(|(r, _)| *r < mine)
+        .min()
+        .map(|(_, other)| other.clone())
 }
 
 /// Probes `/readyz` once, within `timeout`.
@@ -149,6 +191,7 @@ fn result_label(outcome: &ProbeOutcome) -> &'static str {
             FailureKind::Unreachable => "unreachable",
             FailureKind::NotReady => "not_ready",
             FailureKind::CredentialsInvalid => "credentials_invalid",
+            FailureKind::DuplicateCluster => "duplicate_cluster",
         },
     }
 }
@@ -212,6 +255,7 @@ pub async fn probe_member(context: ProberContext, name: String, cancel: Cancella
     let mut last_probe_written = recorded.last_probe_time.as_ref().map(|t| t.0);
     let mut desired = written.clone();
     let mut last_inventory: Option<Instant> = None;
+    let mut cluster_id: Option<String> = None;
     let labels = ClusterLabels {
         cluster: name.clone(),
     };
@@ -231,17 +275,46 @@ pub async fn probe_member(context: ProberContext, name: String, cancel: Cancella
                 message: reason.clone(),
             }),
             Ok(connection) => {
-                let outcome = probe_readyz(&connection.client, timeout).await;
-                context
-                    .metrics
-                    .probe_duration
-                    .get_or_create(&ProbeLabels {
-                        cluster: name.clone(),
-                        result: result_label(&outcome).to_string(),
+                if (cluster_id.is_none()
+                    || last_inventory.is_none_or(|t| t.elapsed() >= context.capacity_interval))
+                    && let Some(id) = read_cluster_id(&connection.client, timeout).await
+                {
+                    context
+                        .cluster_ids
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(name.clone(), id.clone());
+                    cluster_id = Some(id);
+                }
+                let original = cluster_id.as_ref().and_then(|id| {
+                    let ids = context
+                        .cluster_ids
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .clone();
+                    duplicate_of(&name, id, &ids, &context.registry.snapshot())
+                });
+                if let Some(original) = original {
+                    tracker.force(Health::Unhealthy {
+                        kind: FailureKind::DuplicateCluster,
+                        message: format!(
+                            "points at the same cluster as member {original} (kube-system uid {}); the hub refuses it: unjoin one of the two",
+                            cluster_id.as_deref().unwrap_or_default()
+                        ),
                     })
-                    .observe(started.elapsed().as_secs_f64());
-                tracing::trace!(member = %name, ?outcome, "probed");
-                tracker.observe(outcome, Thresholds::from(probe))
+                } else {
+                    let outcome = probe_readyz(&connection.client, timeout).await;
+                    context
+                        .metrics
+                        .probe_duration
+                        .get_or_create(&ProbeLabels {
+                            cluster: name.clone(),
+                            result: result_label(&outcome).to_string(),
+                        })
+                        .observe(started.elapsed().as_secs_f64());
+                    tracing::trace!(member = %name, ?outcome, "probed");
+                    tracker.observe(outcome, Thresholds::from(probe))
+                }
             }
         };
         let health = tracker.health().clone();
@@ -312,6 +385,11 @@ pub async fn probe_member(context: ProberContext, name: String, cancel: Cancella
         }
     }
     context.board.remove(&name);
+    context
+        .cluster_ids
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&name);
     context.metrics.forget_member(&name);
 }
 
@@ -431,6 +509,53 @@ async fn ensure_taints(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn handle(name: &str, created: i64) -> MemberHandle {
+        let object: MemberCluster = serde_json::from_value(serde_json::json!({
+            "apiVersion": "federation.example.com/v1alpha1", "kind": "MemberCluster",
+            "metadata": {"name": name, "creationTimestamp": Time(jiff::Timestamp::from_second(created).unwrap())},
+            "spec": {"secretRef": {"namespace": "bulkhead-system", "name": format!("member-{name}")}, "zone": "zone-a"}
+        }))
+        .unwrap();
+        MemberHandle {
+            name: name.into(),
+            zone: "zone-a".into(),
+            region: None,
+            probe: object.spec.probe.clone(),
+            object: Arc::new(object),
+            connection: Err("not needed".into()),
+        }
+    }
+
+    #[test]
+    fn the_later_of_two_members_on_one_cluster_is_the_duplicate() {
+        let snapshot: MemberSnapshot = Arc::new(HashMap::from([
+            ("east".to_string(), handle("east", 1_000)),
+            ("east-again".to_string(), handle("east-again", 2_000)),
+            ("west".to_string(), handle("west", 500)),
+        ]));
+        let ids = HashMap::from([
+            ("east".to_string(), "uid-a".to_string()),
+            ("east-again".to_string(), "uid-a".to_string()),
+            ("west".to_string(), "uid-b".to_string()),
+        ]);
+        assert_eq!(
+            duplicate_of("east-again", "uid-a", &ids, &snapshot).as_deref(),
+            Some("east")
+        );
+        assert_eq!(
+            duplicate_of("east", "uid-a", &ids, &snapshot),
+            None,
+            "the original keeps it"
+        );
+        assert_eq!(duplicate_of("west", "uid-b", &ids, &snapshot), None);
+        // The original is unjoined: the other one is no longer a duplicate.
+        let alone: MemberSnapshot = Arc::new(HashMap::from([(
+            "east-again".to_string(),
+            handle("east-again", 2_000),
+        )]));
+        assert_eq!(duplicate_of("east-again", "uid-a", &ids, &alone), None);
+    }
 
     #[test]
     fn http_statuses_map_to_reasons() {

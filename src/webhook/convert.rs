@@ -1,5 +1,6 @@
 //! MyDatabase conversion between `example.com/v1` (storage) and `example.com/v1alpha1`.
-//! Lossless: fields v1alpha1 lacks travel in the annotation `example.com/v1-spec`.
+//! Lossless: fields v1alpha1 lacks (`image`, `resources`, `readOnly`,
+//! `storage.reclaimPolicy`) travel in the annotation `example.com/v1-spec`.
 
 use serde_json::{Map, Value, json};
 
@@ -190,6 +191,44 @@ mod tests {
     }
 
     #[test]
+    fn reclaim_policy_delete_survives_a_round_trip_through_v1alpha1() {
+        let mut original = v1(2, "16", None, Some("fast"), false, true);
+        original["spec"]["storage"]["reclaimPolicy"] = json!("Delete");
+        let alpha = convert(original.clone(), V1ALPHA1).unwrap();
+        assert!(
+            alpha["spec"].get("reclaimPolicy").is_none() && alpha["spec"]["storage"].is_null(),
+            "v1alpha1 has no such field: {}",
+            alpha["spec"]
+        );
+        let saved: Value = serde_json::from_str(
+            alpha["metadata"]["annotations"][V1_SPEC_ANNOTATION]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(saved["storage"]["reclaimPolicy"], "Delete");
+        // A v1alpha1 client edits what it knows; the policy stays.
+        let mut edited = alpha;
+        edited["spec"]["instances"] = json!(4);
+        edited["spec"]["storageClass"] = json!("slow");
+        let back = convert(edited, V1).unwrap();
+        assert_eq!(
+            back["spec"]["storage"],
+            json!({"size": "3Gi", "storageClassName": "slow", "reclaimPolicy": "Delete"})
+        );
+        assert_eq!(back["spec"]["replicas"], 4);
+        assert!(
+            back["metadata"]["annotations"]
+                .get(V1_SPEC_ANNOTATION)
+                .is_none(),
+            "the annotation is only for v1alpha1 readers"
+        );
+        let mut unedited = original.clone();
+        unedited = convert(convert(unedited, V1ALPHA1).unwrap(), V1).unwrap();
+        assert_eq!(unedited, original);
+    }
+
+    #[test]
     fn a_v1alpha1_object_without_annotation_converts() {
         let alpha = json!({"apiVersion": V1ALPHA1, "kind": "MyDatabase", "metadata": {"name": "a"}, "spec": {"instances": 2, "postgresVersion": "15", "storageSize": "1Gi"}});
         let v1 = convert(alpha.clone(), V1).unwrap();
@@ -233,8 +272,12 @@ mod tests {
             class in proptest::option::of("[a-z]{1,8}"),
             read_only in any::<bool>(),
             annotations in any::<bool>(),
+            reclaim_policy in proptest::option::of(prop_oneof![Just("Retain"), Just("Delete")]),
         ) {
-            let original = v1(replicas, &major.to_string(), image.as_deref(), class.as_deref(), read_only, annotations);
+            let mut original = v1(replicas, &major.to_string(), image.as_deref(), class.as_deref(), read_only, annotations);
+            if let Some(policy) = reclaim_policy {
+                original["spec"]["storage"]["reclaimPolicy"] = json!(policy);
+            }
             let alpha = convert(original.clone(), V1ALPHA1).unwrap();
             let back = convert(alpha, V1).unwrap();
             prop_assert_eq!(back, original);

@@ -64,8 +64,8 @@ pub fn mydatabase(
         && old.spec.storage != spec.storage
     {
         problems.push(format!(
-            "{object}: spec.storage is immutable after creation (was size {} class {:?}); create a new MyDatabase to change size or class",
-            old.spec.storage.size, old.spec.storage.storage_class_name
+            "{object}: spec.storage is immutable after creation (was size {} class {:?} reclaimPolicy {:?}); create a new MyDatabase to change size, class or reclaim policy",
+            old.spec.storage.size, old.spec.storage.storage_class_name, old.spec.storage.reclaim_policy
         ));
     }
     if let Some((tenant, rules)) = tenant {
@@ -329,6 +329,31 @@ mod tests {
         assert!(
             mydatabase("x", &spec(5, "16"), Some(&old), None).is_empty(),
             "other fields may change"
+        );
+    }
+
+    /// An object stored before `reclaimPolicy` existed reads as Retain, the default, so an
+    /// update that sends it (or leaves it out) is no change; switching it is one.
+    #[test]
+    fn a_stored_object_without_reclaim_policy_still_updates() {
+        use crate::api::mydatabase::ReclaimPolicy;
+        let old: MyDatabase = serde_json::from_value(serde_json::json!({
+            "apiVersion": "example.com/v1", "kind": "MyDatabase",
+            "metadata": {"name": "orders", "namespace": "shop"},
+            "spec": {"replicas": 3, "version": "16", "storage": {"size": "1Gi"}}
+        }))
+        .unwrap();
+        assert_eq!(old.spec.storage.reclaim_policy, ReclaimPolicy::Retain);
+        let mut explicit = old.spec.clone();
+        explicit.replicas = 4;
+        explicit.storage.reclaim_policy = ReclaimPolicy::Retain;
+        assert!(mydatabase("x", &explicit, Some(&old), None).is_empty());
+        let mut switched = explicit.clone();
+        switched.storage.reclaim_policy = ReclaimPolicy::Delete;
+        let problems = mydatabase("MyDatabase shop/orders", &switched, Some(&old), None);
+        assert!(
+            problems.len() == 1 && problems[0].contains("reclaimPolicy Retain"),
+            "{problems:?}"
         );
     }
 
