@@ -40,6 +40,7 @@ build:
 	$(CARGO) build --workspace
 
 lab-binaries:
+	e2e/setup.sh
 	e2e/k8s/build.sh
 
 lab-up: lab-binaries

@@ -152,12 +152,52 @@ e2e/lab partition east
 wait_until "east's agent fenced orders read-only" 30 east_read_only
 wait_until "web's replicas moved off east (toleration 30 s)" 90 web_moved
 show "during: east is cut off"
+
+# A placement change during the partition: scale the database down by one. The hub
+# deletes and shrinks nothing anywhere while a cluster of a stateful placement is not
+# Ready (the partition freeze, docs/failover.md); the binding says WaitingForPartition.
+member_uids() {
+  for member in east west north; do
+    printf '  %-6s MyDatabase uid %s\n' "$member" \
+      "$("$kubectl" --kubeconfig "$(e2e/lab kubeconfig "$member" --inside)" -n shop get db orders -o jsonpath='{.metadata.uid}' 2>/dev/null || echo '-')"
+  done
+}
+orders_propagated() {
+  "$kubectl" --kubeconfig "$hub_kubeconfig" -n shop get rb orders-mydatabase \
+    -o jsonpath='{.status.conditions[?(@.type=="Propagated")].reason}' 2>/dev/null
+}
+waiting() { [[ "$(orders_propagated)" == WaitingForPartition ]]; }
+applied() { [[ "$(orders_propagated)" == Applied ]] && db_ready; }
+replicas_before="$(hub_db '{.spec.replicas}')"
+echo
+echo "== MyDatabase copies before the scale-down (uids, read inside each zone)"
+member_uids
+echo "== kubectl scale db orders --replicas=$((replicas_before - 1)) (on the hub, east still cut off)"
+"$kubectl" --kubeconfig "$hub_kubeconfig" -n shop scale db orders --replicas="$((replicas_before - 1))"
+wait_until "the binding says WaitingForPartition" 30 waiting
+echo "== bulkhead get bindings -n shop (orders)"
+"$bulkhead" get bindings -n shop --kubeconfig "$hub_kubeconfig" | sed -n '/orders-mydatabase/,/^shop\/web/p' | grep -v '^shop/web'
+echo "== MyDatabase copies during the partition: nothing deleted"
+member_uids
+echo "== Events on the hub's MyDatabase"
+"$kubectl" --kubeconfig "$hub_kubeconfig" -n shop get events --field-selector involvedObject.name=orders \
+  -o custom-columns='REASON:.reason,MESSAGE:.message' 2>/dev/null | grep -E 'REASON|WaitingForPartition|Fenced' | tail -n 3 || true
+
 echo
 echo "== e2e/lab heal east"
 e2e/lab heal east
 wait_until "east's orders read-write again" 60 east_read_write
 wait_until "web back on east" 60 web_back
+wait_until "the scale-down completed (make-before-break)" 90 applied
 show "after: healed"
+echo "== MyDatabase copies after the heal: the change is done"
+member_uids
+echo "== volume claims of orders in each member: a removed copy's claims stay (released)"
+for member in east west north; do
+  "$kubectl" --kubeconfig "$(e2e/lab kubeconfig "$member" --inside)" -n shop get pvc -l example.com/database=orders \
+    -o custom-columns="CLUSTER:.metadata.namespace,NAME:.metadata.name,STATUS:.status.phase,RELEASED:.metadata.labels.example\.com/released" \
+    --no-headers 2>/dev/null | sed "s/^shop/  $member/"
+done
 
 echo
 e2e/lab status

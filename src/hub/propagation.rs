@@ -165,6 +165,13 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
         match target(member.cluster) {
             Some(t) => {
                 if !member.reachable {
+                    // A shrink of the cut-off cluster itself waits for it too.
+                    held |= frozen
+                        && input.divisible
+                        && member
+                            .copy
+                            .and_then(copy_replicas)
+                            .is_some_and(|current| current > t.replicas);
                     plan.notes.insert(
                         cluster,
                         "cluster unreachable; the copy is applied when it returns".into(),
