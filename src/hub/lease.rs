@@ -90,7 +90,7 @@ pub async fn renew_member(
         let Some(handle) = registry.get(&name) else {
             break;
         };
-        if let Some(client) = handle.client() {
+        if let Some(client) = handle.control_client() {
             let lease = desired_lease(&settings, acquired, jiff::Timestamp::now());
             let result = tokio::select! {
                 _ = cancel.cancelled() => break,

@@ -40,7 +40,12 @@ pub const MAX_REQUESTS_IN_FLIGHT: usize = 32;
 /// A usable connection to a member.
 #[derive(Clone)]
 pub struct MemberConnection {
+    /// Bulk traffic: copy applies and deletes, copy watches, capacity lists.
     pub client: Client,
+    /// Control traffic: health probes and fencing-lease renewals. Its own connections
+    /// and its own concurrency limit, so a burst of applies can never delay a probe (a
+    /// healthy member would look unhealthy) or a lease renewal (databases would fence).
+    pub control: Client,
     /// The API server URL from the kubeconfig.
     pub server: String,
     /// `uid/resourceVersion` of the Secret the client was built from.
@@ -61,9 +66,14 @@ pub struct MemberHandle {
 }
 
 impl MemberHandle {
-    /// The member's client, when its credentials could be loaded.
+    /// The member's client for bulk traffic, when its credentials could be loaded.
     pub fn client(&self) -> Option<&Client> {
         self.connection.as_ref().ok().map(|c| &c.client)
+    }
+
+    /// The member's client for probes and lease renewals (see [`MemberConnection`]).
+    pub fn control_client(&self) -> Option<&Client> {
+        self.connection.as_ref().ok().map(|c| &c.control)
     }
 }
 
@@ -112,6 +122,26 @@ impl Registry {
 /// Builds a member client from kubeconfig text, with short timeouts and bounded
 /// concurrency so a partitioned member fails fast and alone.
 pub async fn client_from_kubeconfig(text: &str) -> Result<(Client, String), String> {
+    let config = member_config(text).await?;
+    let server = config.cluster_url.to_string();
+    Ok((bounded_client(config, MAX_REQUESTS_IN_FLIGHT)?, server))
+}
+
+/// Requests in flight on a member's control client (probes, lease renewals): they are
+/// few and must never wait for each other for long.
+pub const MAX_CONTROL_REQUESTS_IN_FLIGHT: usize = 4;
+
+/// Builds both clients of a member (bulk and control) from kubeconfig text: the same
+/// credentials, separate connection pools and concurrency limits.
+pub async fn clients_from_kubeconfig(text: &str) -> Result<(Client, Client, String), String> {
+    let config = member_config(text).await?;
+    let server = config.cluster_url.to_string();
+    let bulk = bounded_client(config.clone(), MAX_REQUESTS_IN_FLIGHT)?;
+    let control = bounded_client(config, MAX_CONTROL_REQUESTS_IN_FLIGHT)?;
+    Ok((bulk, control, server))
+}
+
+async fn member_config(text: &str) -> Result<Config, String> {
     let kubeconfig =
         Kubeconfig::from_yaml(text).map_err(|e| format!("the kubeconfig does not parse: {e}"))?;
     let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
@@ -124,16 +154,20 @@ pub async fn client_from_kubeconfig(text: &str) -> Result<(Client, String), Stri
     config.write_timeout = Some(REQUEST_TIMEOUT);
     // A probe must see a 503 as it is, not after retries; callers have their own loops.
     config.default_retry = false;
-    let server = config.cluster_url.to_string();
+    Ok(config)
+}
+
+/// A client whose every request waits at most [`REQUEST_TIMEOUT`] for its headers,
+/// counted from when it is sent (the timeout is inside the concurrency limit, so time
+/// spent waiting for a slot is not taken from the request's own deadline).
+fn bounded_client(config: Config, in_flight: usize) -> Result<Client, String> {
     let builder = kube::client::ClientBuilder::try_from(config)
         .map_err(|e| format!("cannot build a client: {e}"))?;
-    let client = builder
-        .with_layer(&tower::limit::ConcurrencyLimitLayer::new(
-            MAX_REQUESTS_IN_FLIGHT,
-        ))
+    // The last layer added is the outermost: the limit queues, then the deadline runs.
+    Ok(builder
         .with_layer(&tower::timeout::TimeoutLayer::new(REQUEST_TIMEOUT))
-        .build();
-    Ok((client, server))
+        .with_layer(&tower::limit::ConcurrencyLimitLayer::new(in_flight))
+        .build())
 }
 
 fn secret_version(secret: &Secret) -> String {
@@ -197,11 +231,12 @@ async fn rebuild(
             Err(reason) => Err(reason),
             Ok((text, version)) => match previous.get(&name).map(|h| &h.connection) {
                 Some(Ok(existing)) if existing.secret_version == version => Ok(existing.clone()),
-                _ => match client_from_kubeconfig(&text).await {
-                    Ok((client, server)) => {
-                        tracing::info!(member = %name, %server, secret = %version, "built a client for the member");
+                _ => match clients_from_kubeconfig(&text).await {
+                    Ok((client, control, server)) => {
+                        tracing::info!(member = %name, %server, secret = %version, "built the member's clients");
                         Ok(MemberConnection {
                             client,
+                            control,
                             server,
                             secret_version: version,
                         })

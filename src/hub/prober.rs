@@ -277,7 +277,7 @@ pub async fn probe_member(context: ProberContext, name: String, cancel: Cancella
             Ok(connection) => {
                 if (cluster_id.is_none()
                     || last_inventory.is_none_or(|t| t.elapsed() >= context.capacity_interval))
-                    && let Some(id) = read_cluster_id(&connection.client, timeout).await
+                    && let Some(id) = read_cluster_id(&connection.control, timeout).await
                 {
                     context
                         .cluster_ids
@@ -303,7 +303,7 @@ pub async fn probe_member(context: ProberContext, name: String, cancel: Cancella
                         ),
                     })
                 } else {
-                    let outcome = probe_readyz(&connection.client, timeout).await;
+                    let outcome = probe_readyz(&connection.control, timeout).await;
                     context
                         .metrics
                         .probe_duration
