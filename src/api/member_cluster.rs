@@ -103,6 +103,18 @@ pub struct MemberClusterSpec {
     /// How the hub probes the member API server's `/readyz`.
     #[serde(default)]
     pub probe: ProbeSpec,
+
+    /// Accept a kubeconfig whose cluster sets `insecure-skip-tls-verify: true`: the hub
+    /// then does not verify the member's certificate and sends its token to whoever
+    /// answers at the address. Off by default (such a kubeconfig is refused with
+    /// `Ready=False, reason=CredentialsInvalid`); for labs only. Shown as the
+    /// `TLSVerified=False` condition and in `bulkhead get clusters`.
+    #[serde(
+        default,
+        rename = "insecureSkipTLSVerify",
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub insecure_skip_tls_verify: bool,
 }
 
 /// A reference to a Secret by namespace and name.

@@ -172,7 +172,7 @@ pub fn human_age(seconds: i64) -> String {
 pub fn clusters_table(clusters: &[MemberCluster], now: jiff::Timestamp) -> String {
     let mut rows = vec![
         [
-            "NAME", "ZONE", "READY", "REASON", "VERSION", "AGE", "FENCED",
+            "NAME", "ZONE", "READY", "REASON", "VERSION", "AGE", "FENCED", "TLS",
         ]
         .map(String::from)
         .to_vec(),
@@ -211,6 +211,11 @@ pub fn clusters_table(clusters: &[MemberCluster], now: jiff::Timestamp) -> Strin
             fenced
                 .map(|c| c.status.clone())
                 .unwrap_or_else(|| "-".into()),
+            if cluster.spec.insecure_skip_tls_verify {
+                "INSECURE".into()
+            } else {
+                "verified".into()
+            },
         ]);
     }
     aligned(&rows, "")

@@ -93,6 +93,12 @@ pub struct JoinOptions {
     /// Image for the agent Deployment.
     #[arg(long, default_value = super::agent_install::DEFAULT_AGENT_IMAGE)]
     pub agent_image: String,
+    /// Accept a member kubeconfig that sets `insecure-skip-tls-verify: true`. Without this
+    /// flag `join` refuses it: the hub's member token would go to an unverified server.
+    /// With it, the MemberCluster records the choice (`spec.insecureSkipTLSVerify`), shown
+    /// by `bulkhead get clusters` and the `TLSVerified=False` condition.
+    #[arg(long)]
+    pub insecure_skip_tls_verify: bool,
 }
 
 /// `bulkhead unjoin` options.
@@ -632,6 +638,12 @@ async fn verify_hub_kubeconfig(text: &str) -> Result<()> {
 pub async fn join(options: &JoinOptions) -> Result<()> {
     let name = &options.name;
     let endpoint = member_endpoint(&options.kubeconfig, options.context.as_deref())?;
+    if endpoint.insecure_skip_tls_verify && !options.insecure_skip_tls_verify {
+        bail!(
+            "{} sets insecure-skip-tls-verify for member {name}: the hub's token would go to an unverified server; add the member's CA (certificate-authority-data) to the kubeconfig, or pass --insecure-skip-tls-verify to accept it (recorded on the MemberCluster); nothing was changed",
+            options.kubeconfig.display()
+        );
+    }
     let member = member_client(&options.kubeconfig, options.context.as_deref()).await?;
 
     let version = tokio::time::timeout(Duration::from_secs(15), member.apiserver_version())
@@ -772,6 +784,7 @@ pub async fn join(options: &JoinOptions) -> Result<()> {
                 failure_threshold: options.failure_threshold,
                 success_threshold: options.success_threshold,
             },
+            insecure_skip_tls_verify: endpoint.insecure_skip_tls_verify,
         },
     );
     cluster.metadata.labels = Some(BTreeMap::from([
@@ -975,9 +988,14 @@ mod tests {
                 region: None,
                 taints: vec![],
                 probe: ProbeSpec::default(),
+                insecure_skip_tls_verify: false,
             },
         );
         let json = serde_json::to_value(&cluster).unwrap();
+        assert!(
+            json["spec"].get("insecureSkipTLSVerify").is_none(),
+            "verification is the default and is not written"
+        );
         assert!(json.get("status").is_none(), "{json}");
         assert!(
             json["spec"].get("taints").is_none(),

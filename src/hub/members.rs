@@ -133,7 +133,13 @@ pub const MAX_CONTROL_REQUESTS_IN_FLIGHT: usize = 4;
 
 /// Builds both clients of a member (bulk and control) from kubeconfig text: the same
 /// credentials, separate connection pools and concurrency limits.
-pub async fn clients_from_kubeconfig(text: &str) -> Result<(Client, Client, String), String> {
+pub async fn clients_from_kubeconfig(
+    text: &str,
+    allow_insecure: bool,
+) -> Result<(Client, Client, String), String> {
+    let kubeconfig =
+        Kubeconfig::from_yaml(text).map_err(|e| format!("the kubeconfig does not parse: {e}"))?;
+    crate::hub::credentials::check_inline(&kubeconfig, allow_insecure)?;
     let config = member_config(text).await?;
     let server = config.cluster_url.to_string();
     let bulk = bounded_client(config.clone(), MAX_REQUESTS_IN_FLIGHT)?;
@@ -214,7 +220,12 @@ fn kubeconfig_text(
             reference.name
         )
     })?;
-    Ok((text, secret_version(&secret)))
+    let consent = if member.spec.insecure_skip_tls_verify {
+        "/insecure-allowed"
+    } else {
+        ""
+    };
+    Ok((text, format!("{}{consent}", secret_version(&secret))))
 }
 
 /// Builds the next snapshot from the watched objects, reusing every connection whose
@@ -229,9 +240,13 @@ async fn rebuild(
         let name = member.name_any();
         let connection = match kubeconfig_text(&member, secrets) {
             Err(reason) => Err(reason),
+            // The MemberCluster's consent to skip TLS verification is part of what the
+            // client was built from.
             Ok((text, version)) => match previous.get(&name).map(|h| &h.connection) {
                 Some(Ok(existing)) if existing.secret_version == version => Ok(existing.clone()),
-                _ => match clients_from_kubeconfig(&text).await {
+                _ => match clients_from_kubeconfig(&text, member.spec.insecure_skip_tls_verify)
+                    .await
+                {
                     Ok((client, control, server)) => {
                         tracing::info!(member = %name, %server, secret = %version, "built the member's clients");
                         Ok(MemberConnection {

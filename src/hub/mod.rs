@@ -12,6 +12,7 @@ pub mod capacity;
 pub mod controller;
 pub mod copies;
 pub mod copy_cache;
+pub mod credentials;
 pub mod disruption;
 pub mod health;
 pub mod kinds;

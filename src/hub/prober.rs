@@ -112,6 +112,30 @@ pub struct ProberContext {
     pub cluster_ids: Arc<Mutex<HashMap<String, String>>>,
 }
 
+/// The condition that says whether the hub verifies the member's TLS certificate.
+pub const CONDITION_TLS_VERIFIED: &str = "TLSVerified";
+
+/// `TLSVerified`: False while the MemberCluster accepts an unverified server.
+pub fn tls_condition(member: &MemberCluster, generation: Option<i64>) -> Condition {
+    if member.spec.insecure_skip_tls_verify {
+        crate::api::new_condition(
+            CONDITION_TLS_VERIFIED,
+            crate::api::ConditionStatus::False,
+            "InsecureSkipTLSVerify",
+            "spec.insecureSkipTLSVerify is true: the hub does not verify the member's certificate and sends its token to whoever answers at the address",
+            generation,
+        )
+    } else {
+        crate::api::new_condition(
+            CONDITION_TLS_VERIFIED,
+            crate::api::ConditionStatus::True,
+            "Verified",
+            "the hub verifies the member's certificate against the CA in its kubeconfig",
+            generation,
+        )
+    }
+}
+
 /// Reads the member's identity: the UID of its kube-system namespace.
 async fn read_cluster_id(client: &Client, timeout: Duration) -> Option<String> {
     let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone());
@@ -241,7 +265,9 @@ pub async fn probe_member(context: ProberContext, name: String, cancel: Cancella
     };
     let recorded = first.object.status.clone().unwrap_or_default();
     let mut tracker = HealthTracker::new(health_from_conditions(&recorded.conditions));
-    let ours = |c: &Condition| c.type_ == CONDITION_READY || c.type_ == "Reachable";
+    let ours = |c: &Condition| {
+        c.type_ == CONDITION_READY || c.type_ == "Reachable" || c.type_ == CONDITION_TLS_VERIFIED
+    };
     let mut written = HealthStatus {
         conditions: recorded
             .conditions
@@ -351,6 +377,10 @@ pub async fn probe_member(context: ProberContext, name: String, cancel: Cancella
         for condition in conditions_for(&health, handle.object.metadata.generation) {
             set_condition(&mut desired.conditions, condition);
         }
+        set_condition(
+            &mut desired.conditions,
+            tls_condition(&handle.object, handle.object.metadata.generation),
+        );
         let now = jiff::Timestamp::now();
         let refresh_due = last_probe_written
             .is_none_or(|t| now.duration_since(t).unsigned_abs() >= PROBE_TIME_REFRESH);
