@@ -24,4 +24,12 @@ cleanup() {
   fi
 }
 trap cleanup EXIT
-cargo test -p bulkhead-e2e --tests -- --test-threads=1 "$@"
+# Leading `--test <file>` pairs choose test files (e.g. `--test stateful_safety`); the
+# rest goes to the test harness (name filters, --ignored, --nocapture).
+targets=()
+while [[ "${1:-}" == "--test" && -n "${2:-}" ]]; do
+  targets+=(--test "$2")
+  shift 2
+done
+[[ ${#targets[@]} -gt 0 ]] || targets=(--tests)
+cargo test -p bulkhead-e2e "${targets[@]}" -- --test-threads=1 "$@"

@@ -1223,16 +1223,10 @@ async fn write_status(
         .iter()
         .any(|c| c.type_ == "Propagated" && c.reason == WAITING_FOR_PARTITION);
     if !plan.waiting_for.is_empty() && !was_waiting {
-        let held: Vec<String> = plan
-            .notes
-            .iter()
-            .filter(|(_, note)| note.contains("waiting for the partition"))
-            .map(|(cluster, _)| cluster.clone())
-            .collect();
         let note = format!(
-            "placement change waits for the partition to heal: {} not Ready; nothing is deleted or shrunk in {} until then",
+            "placement change waits for the partition to heal: {} not Ready; the copies in {} are kept as they are (nothing is deleted or shrunk) until then",
             plan.waiting_for.join(", "),
-            held.join(", ")
+            plan.held.join(", ")
         );
         tracing::warn!(template = %job.template.name_any(), %note, "waiting for partition");
         context

@@ -97,6 +97,8 @@ pub struct Plan {
     /// Stateful only: the clusters of the current or new placement that are not Ready,
     /// when that held back a delete or a shrink (the partition freeze). Empty otherwise.
     pub waiting_for: Vec<String>,
+    /// The clusters whose copy the freeze keeps as it is (not deleted, not shrunk).
+    pub held: Vec<String>,
 }
 
 /// `spec.replicas` of a copy.
@@ -158,7 +160,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
             frozen_by.join(", ")
         )
     };
-    let mut held = false;
+    let mut held: Vec<String> = vec![];
 
     for member in input.members {
         let cluster = member.cluster.to_string();
@@ -166,12 +168,15 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
             Some(t) => {
                 if !member.reachable {
                     // A shrink of the cut-off cluster itself waits for it too.
-                    held |= frozen
+                    if frozen
                         && input.divisible
                         && member
                             .copy
                             .and_then(copy_replicas)
-                            .is_some_and(|current| current > t.replicas);
+                            .is_some_and(|current| current > t.replicas)
+                    {
+                        held.push(cluster.clone());
+                    }
                     plan.notes.insert(
                         cluster,
                         "cluster unreachable; the copy is applied when it returns".into(),
@@ -196,7 +201,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                             format!("{}: keeping {current} replicas, then {replicas}", waiting()),
                         );
                         replicas = current;
-                        held = true;
+                        held.push(cluster.clone());
                     } else if !replacement_ready {
                         plan.notes.insert(
                             cluster.clone(),
@@ -229,7 +234,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                             cluster.clone(),
                             format!("removed from the placement; {}: the copy stays", waiting()),
                         );
-                        held = true;
+                        held.push(cluster.clone());
                     } else if replacement_ready {
                         plan.deletes.push(Delete {
                             cluster: cluster.clone(),
@@ -250,7 +255,9 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                 } else if holds || recorded {
                     // Its removal waits for the cluster: for a stateful kind, that is the
                     // partition freeze too.
-                    held |= frozen;
+                    if frozen {
+                        held.push(cluster.clone());
+                    }
                     plan.notes.insert(
                         cluster.clone(),
                         "removed from the placement; the copy is deleted once the cluster is reachable and the new placement is Ready".into(),
@@ -260,8 +267,9 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
             }
         }
     }
-    if held {
+    if !held.is_empty() {
         plan.waiting_for = frozen_by;
+        plan.held = held;
     }
     plan
 }
@@ -726,6 +734,11 @@ mod tests {
         let frozen = plan(&stateful(&template, &new, &previous, &members));
         assert!(frozen.deletes.is_empty());
         assert_eq!(frozen.waiting_for, ["north"]);
+        assert_eq!(
+            frozen.held,
+            ["north", "west"],
+            "the cut-off copy is held too"
+        );
         assert_eq!(frozen.pending_cleanup, ["north", "west"]);
 
         // A cluster the hub no longer knows (unjoined without cleanup) counts as not Ready.
