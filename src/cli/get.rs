@@ -286,7 +286,7 @@ mod tests {
         assert_eq!(
             lines[0].split_whitespace().collect::<Vec<_>>(),
             [
-                "NAME", "ZONE", "READY", "REASON", "VERSION", "AGE", "FENCED"
+                "NAME", "ZONE", "READY", "REASON", "VERSION", "AGE", "FENCED", "TLS"
             ]
         );
         assert_eq!(
@@ -298,7 +298,8 @@ mod tests {
                 "Unreachable",
                 "v1.36.3",
                 "10m",
-                "-"
+                "-",
+                "verified",
             ]
         );
     }

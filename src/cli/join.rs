@@ -41,7 +41,7 @@ use crate::process::{ClientOptions, connect};
 pub const LABEL_CLUSTER_ID: &str = "federation.example.com/cluster-id";
 /// Name of the service account, ClusterRole, ClusterRoleBinding, Role and RoleBinding
 /// `join` creates in the member.
-pub const HUB_ACCOUNT: &str = "bulkhead-hub";
+pub use crate::hub::tokens::HUB_ACCOUNT;
 /// Field manager of everything `join` applies.
 pub const JOIN_FIELD_MANAGER: &str = "bulkhead-join";
 /// Default lifetime asked for the hub's token: one year. Re-join to rotate it.
@@ -419,15 +419,23 @@ pub fn hub_cluster_role() -> ClusterRole {
     }
 }
 
-/// The hub's permissions inside `bulkhead-system`: renewing the fencing Lease.
+/// The hub's permissions inside `bulkhead-system`: renewing the fencing Lease, and
+/// minting new tokens for its own service account (only that one) before the one it
+/// holds expires.
 pub fn hub_lease_role() -> Role {
     Role {
         metadata: meta(HUB_ACCOUNT, Some(SYSTEM_NAMESPACE)),
-        rules: Some(vec![rule(
-            &["coordination.k8s.io"],
-            &["leases"],
-            &["get", "create", "update", "patch"],
-        )]),
+        rules: Some(vec![
+            rule(
+                &["coordination.k8s.io"],
+                &["leases"],
+                &["get", "create", "update", "patch"],
+            ),
+            PolicyRule {
+                resource_names: Some(vec![HUB_ACCOUNT.to_string()]),
+                ..rule(&[""], &["serviceaccounts/token"], &["create"])
+            },
+        ]),
     }
 }
 

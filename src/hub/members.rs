@@ -50,6 +50,8 @@ pub struct MemberConnection {
     pub server: String,
     /// `uid/resourceVersion` of the Secret the client was built from.
     pub secret_version: String,
+    /// The kubeconfig the clients were built from (the token renewal rewrites it).
+    pub kubeconfig: Arc<str>,
 }
 
 /// One member as the hub knows it.
@@ -254,6 +256,7 @@ async fn rebuild(
                             control,
                             server,
                             secret_version: version,
+                            kubeconfig: Arc::from(text.as_str()),
                         })
                     }
                     Err(reason) => Err(format!(
@@ -364,14 +367,46 @@ mod tests {
 
     const TOKEN_KUBECONFIG: &str = "apiVersion: v1\nkind: Config\nclusters:\n- name: m\n  cluster:\n    server: https://127.0.0.1:1\n    insecure-skip-tls-verify: true\nusers:\n- name: u\n  user:\n    token: abc\ncontexts:\n- name: c\n  context:\n    cluster: m\n    user: u\ncurrent-context: c\n";
 
+    /// A member whose spec accepts the test kubeconfig's unverified server.
     fn member(name: &str, secret_namespace: &str) -> MemberCluster {
         serde_json::from_value(serde_json::json!({
             "apiVersion": "federation.example.com/v1alpha1",
             "kind": "MemberCluster",
             "metadata": {"name": name},
-            "spec": {"secretRef": {"namespace": secret_namespace, "name": format!("member-{name}")}, "zone": "zone-a"}
+            "spec": {"secretRef": {"namespace": secret_namespace, "name": format!("member-{name}")}, "zone": "zone-a",
+                     "insecureSkipTLSVerify": true}
         }))
         .unwrap()
+    }
+
+    #[tokio::test]
+    async fn only_inline_credentials_and_consented_insecure_servers_get_a_client() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut strict = member("strict", SYSTEM_NAMESPACE);
+        strict.spec.insecure_skip_tls_verify = false;
+        let exec = TOKEN_KUBECONFIG.replace(
+            "token: abc",
+            "exec: {apiVersion: client.authentication.k8s.io/v1, command: /bin/sh}",
+        );
+        let (members, secrets) = stores(
+            vec![strict, member("exec", SYSTEM_NAMESPACE)],
+            vec![
+                secret("member-strict", "1", Some(TOKEN_KUBECONFIG)),
+                secret("member-exec", "1", Some(&exec)),
+            ],
+        );
+        let snapshot = rebuild(&members, &secrets, &HashMap::new()).await;
+        let reason = |name: &str| snapshot[name].connection.as_ref().err().unwrap().clone();
+        assert!(
+            reason("strict").contains("insecure-skip-tls-verify is true"),
+            "{}",
+            reason("strict")
+        );
+        assert!(
+            reason("exec").contains("users[u].user.exec is not allowed"),
+            "{}",
+            reason("exec")
+        );
     }
 
     fn secret(name: &str, version: &str, kubeconfig: Option<&str>) -> Secret {
@@ -463,14 +498,14 @@ mod tests {
                 .secret_version
                 .clone()
         };
-        assert_eq!(version(&first), "u1/1");
-        assert_eq!(version(&again), "u1/1");
+        assert_eq!(version(&first), "u1/1/insecure-allowed");
+        assert_eq!(version(&again), "u1/1/insecure-allowed");
         let (members, secrets) = stores(
             vec![member("east", SYSTEM_NAMESPACE)],
             vec![secret("member-east", "2", Some(TOKEN_KUBECONFIG))],
         );
         let rotated = rebuild(&members, &secrets, &again).await;
-        assert_eq!(version(&rotated), "u1/2");
+        assert_eq!(version(&rotated), "u1/2/insecure-allowed");
     }
 
     #[test]

@@ -38,6 +38,9 @@ pub struct HubMetrics {
     pub frozen: Gauge,
     pub lease_renewals: Family<ClusterLabels, Counter>,
     pub lease_failures: Family<ClusterLabels, Counter>,
+    /// Seconds until the hub's token for the member expires.
+    pub token_expiry: Family<ClusterLabels, Gauge>,
+    pub token_renewals: Counter,
 }
 
 impl HubMetrics {
@@ -53,7 +56,19 @@ impl HubMetrics {
             frozen: Gauge::default(),
             lease_renewals: Family::default(),
             lease_failures: Family::default(),
+            token_expiry: Family::default(),
+            token_renewals: Counter::default(),
         };
+        metrics.register(
+            "member_token_expiry_seconds",
+            "Seconds until the hub's token for the member expires (renewed once a third of its lifetime is left)",
+            hub.token_expiry.clone(),
+        );
+        metrics.register(
+            "member_token_renewals",
+            "Member tokens the hub renewed",
+            hub.token_renewals.clone(),
+        );
         metrics.register(
             "member_probe_duration_seconds",
             "Duration of /readyz probes of member API servers, by result",

@@ -26,6 +26,7 @@ pub mod propagation;
 pub mod scheduler;
 pub mod taints;
 pub mod tasks;
+pub mod tokens;
 pub mod zones;
 
 use std::sync::Arc;
@@ -70,6 +71,10 @@ pub struct HubOptions {
     /// How often a healthy member's version and capacity are refreshed.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub capacity_interval: Duration,
+    /// How often the hub looks at the expiry of its member tokens (it renews a token once
+    /// a third of its lifetime is left).
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub token_check_interval: Duration,
     /// Failover evictions allowed per second, over all bindings (a token bucket with a
     /// burst of one second's worth). Each binding that moves replicas off a failed cluster
     /// takes one; the others wait for the next pass.
@@ -248,6 +253,19 @@ pub async fn run_membership(
         },
     ));
 
+    let token_context = tokens::TokenContext {
+        hub: hub.clone(),
+        registry: state.registry.clone(),
+        metrics: hub_metrics.clone(),
+        recorder: recorder.clone(),
+        check_interval: options.token_check_interval,
+    };
+    let token_tasks = tokio::spawn(tasks::per_member(
+        state.registry.clone(),
+        shutdown.clone(),
+        move |name, cancel| tokens::renew_member_token(token_context.clone(), name, cancel),
+    ));
+
     let zones_task = tokio::spawn(disruption::run(
         disruption::DisruptionContext {
             hub,
@@ -272,7 +290,14 @@ pub async fn run_membership(
     ));
 
     shutdown.cancelled().await;
-    for task in [registry_task, probers, leases, zones_task, scheduler_task] {
+    for task in [
+        registry_task,
+        probers,
+        leases,
+        token_tasks,
+        zones_task,
+        scheduler_task,
+    ] {
         let abort = task.abort_handle();
         if tokio::time::timeout(2 * tasks::SHUTDOWN_GRACE, task)
             .await
