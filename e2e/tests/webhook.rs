@@ -25,6 +25,8 @@ const TENANT: &str = "team-e2e";
 struct Webhook {
     child: Child,
     log: std::path::PathBuf,
+    /// The probe server's port (/readyz, /metrics); 0 when the process has none we know.
+    probe: u16,
 }
 
 impl Webhook {
@@ -118,9 +120,19 @@ async fn label_namespace(
 }
 
 async fn tenant_rules(client: &Client, namespace: &str, name: &str, yaml: &str) -> Result<()> {
+    tenant_rules_for(client, namespace, name, TENANT, yaml).await
+}
+
+async fn tenant_rules_for(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    tenant: &str,
+    yaml: &str,
+) -> Result<()> {
     let cm: ConfigMap = serde_json::from_value(serde_json::json!({
         "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": name, "namespace": namespace, "labels": {"federation.example.com/tenant-policy": TENANT}},
+        "metadata": {"name": name, "namespace": namespace, "labels": {"federation.example.com/tenant-policy": tenant}},
         "data": {"policy.yaml": yaml}
     }))?;
     Api::<ConfigMap>::namespaced(client.clone(), namespace)
@@ -183,7 +195,7 @@ async fn start_webhook_with(
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log)?)
         .spawn()?;
-    let webhook = Webhook { child, log };
+    let webhook = Webhook { child, log, probe };
     let configurations = Configurations {
         name: format!("e2e-{ns}"),
         kubeconfigs: vec![lab.inside_kubeconfig("hub"), lab.inside_kubeconfig("east")],
@@ -383,6 +395,149 @@ async fn webhooks_validate_default_and_enforce_tenant_rules_through_real_apiserv
         "maxReplicas 6",
     );
     eprintln!("previous rules still in force: {message}");
+    drop(webhook);
+    Ok(())
+}
+
+/// `GET path` on a plain-HTTP port of this host: status and body.
+async fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await?;
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await?;
+    let status = raw.get(9..12).context("short response")?.parse()?;
+    Ok((
+        status,
+        raw.split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default(),
+    ))
+}
+
+/// Issue 16: a user in a tenant's namespace used to escape its limits by writing another
+/// tenant (or one without rules) into the object's own annotation. The tenant now comes
+/// from the namespace label only; a claim to another tenant is denied, naming the
+/// namespace's tenant and the fix, through the real API server.
+#[tokio::test]
+async fn an_object_cannot_claim_another_tenant_through_the_real_apiserver() -> Result<()> {
+    let lab = support::lab().await?;
+    lab.install_crds("hub", &lab::crd_dir()).await?;
+    let namespace = TestNamespace::create(&lab, "webhook-claim", &["hub"]).await?;
+    let ns = namespace.name.as_str();
+    let hub = lab.client("hub").await?;
+    label_namespace(
+        &hub,
+        ns,
+        serde_json::json!({SCOPE_LABEL: ns, "federation.example.com/tenant": TENANT}),
+    )
+    .await?;
+    // The namespace's tenant may have 2 replicas; another tenant (owning no namespace
+    // here) may have 9.
+    tenant_rules(&hub, ns, "rules", "maxReplicas: 2\n").await?;
+    tenant_rules_for(&hub, ns, "other-rules", "team-other", "maxReplicas: 9\n").await?;
+    // The configurations go in only after the rules and namespace labels are listed, so
+    // from the first request on the rules are enforced and the webhook reports ready.
+    let (webhook, _configurations, _) = start_webhook(&lab, ns, 3600).await?;
+    let (status, body) = http_get(webhook.probe, "/readyz").await?;
+    assert_eq!(
+        status, 200,
+        "/readyz once the configurations are installed: {body}"
+    );
+    assert!(
+        webhook
+            .log_text()
+            .contains("tenant rules and namespace labels synced"),
+        "{}",
+        webhook.log_text()
+    );
+
+    let databases: Api<MyDatabase> = Api::namespaced(hub.clone(), ns);
+    let claiming = |name: &str, field: &str, tenant: &str, replicas: i32| -> Result<MyDatabase> {
+        let mut database = database(name, replicas)?;
+        let claim = std::collections::BTreeMap::from([(
+            "federation.example.com/tenant".to_string(),
+            tenant.to_string(),
+        )]);
+        if field == "annotation" {
+            database.metadata.annotations = Some(claim);
+        } else {
+            database.metadata.labels = Some(claim);
+        }
+        Ok(database)
+    };
+    // The attack: tenant team-other's annotation (more replicas), or a tenant without rules.
+    for (claim, field) in [
+        ("team-other", "annotation"),
+        ("no-such-tenant", "annotation"),
+        ("team-other", "label"),
+    ] {
+        let attack = claiming("escape", field, claim, 5)?;
+        let denial = wait_for_denial(&databases, &attack, "belongs to tenant")
+            .await
+            .with_context(|| format!("webhook log:\n{}", webhook.log_text()))?;
+        eprintln!("denial: {denial}");
+        assert!(
+            denial.contains(&format!("MyDatabase {ns}/escape"))
+                && denial.contains(&format!("is \"{claim}\""))
+                && denial.contains(&format!("namespace {ns} belongs to tenant {TENANT}"))
+                && denial.contains(&format!("remove the {field}")),
+            "{denial}"
+        );
+    }
+    assert!(
+        databases.get_opt("escape").await?.is_none(),
+        "nothing was created"
+    );
+
+    // Naming the namespace's own tenant is allowed, and its limits apply.
+    let message = support::expect_invalid_or_forbidden(
+        databases
+            .create(
+                &PostParams::default(),
+                &claiming("own", "annotation", TENANT, 5)?,
+            )
+            .await,
+        "maxReplicas 2",
+    );
+    eprintln!("own tenant's limit: {message}");
+    let created = databases
+        .create(
+            &PostParams::default(),
+            &claiming("own", "annotation", TENANT, 2)?,
+        )
+        .await?;
+    assert_eq!(
+        created
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .get("federation.example.com/tenant")
+            .map(String::as_str),
+        Some(TENANT),
+        "the mutating webhook labels it with the namespace's tenant"
+    );
+
+    // An update cannot add the claim either.
+    let message = support::expect_invalid_or_forbidden(
+        databases
+            .patch(
+                "own",
+                &PatchParams::default(),
+                &Patch::Merge(&serde_json::json!({
+                    "metadata": {"annotations": {"federation.example.com/tenant": "team-other"}},
+                    "spec": {"replicas": 5}
+                })),
+            )
+            .await,
+        "remove the annotation",
+    );
+    eprintln!("update denial: {message}");
+    assert_eq!(databases.get("own").await?.spec.replicas, 2, "unchanged");
     drop(webhook);
     Ok(())
 }
@@ -634,7 +789,11 @@ async fn the_hub_can_serve_the_webhook_in_process() -> Result<()> {
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log)?)
         .spawn()?;
-    let hub_process = Webhook { child, log };
+    let hub_process = Webhook {
+        child,
+        log,
+        probe: 0,
+    };
     let _configurations = Configurations {
         name,
         kubeconfigs: vec![lab.inside_kubeconfig("hub")],

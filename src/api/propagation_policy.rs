@@ -260,13 +260,21 @@ pub enum DivisionPreference {
     Aggregated,
 }
 
+/// Largest `staticWeightList[].weight` the schema and the webhook accept: weights are
+/// ratios, and a bound keeps every sum and product over them far from overflow.
+pub const MAX_WEIGHT: i64 = 10_000;
+/// Most `staticWeightList` entries the schema and the webhook accept.
+pub const MAX_STATIC_WEIGHTS: usize = 100;
+
 /// Weights for Divided/Weighted scheduling.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct WeightPreference {
-    /// Weights for groups of clusters. A cluster takes the weight of the first entry that
-    /// matches it; clusters no entry matches get weight 0.
+    /// Weights for groups of clusters, at most 100 entries (one entry can target many
+    /// clusters). A cluster takes the weight of the first entry that matches it; clusters
+    /// no entry matches get weight 0.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_STATIC_WEIGHTS))]
     #[x_kube(validation = Rule::new("self.size() == 0 || self.exists(w, w.weight > 0)").message("staticWeightList: at least one weight must be positive"))]
     pub static_weight_list: Vec<StaticClusterWeight>,
     /// Use each member's estimated available replicas as its weight (overrides the static
@@ -281,8 +289,8 @@ pub struct WeightPreference {
 pub struct StaticClusterWeight {
     /// The clusters this weight applies to.
     pub target_cluster: ClusterTarget,
-    /// The weight, 0 or more.
-    #[schemars(range(min = 0))]
+    /// The weight, 0 to 10000. Only ratios matter (2 and 1 divide like 2000 and 1000).
+    #[schemars(range(min = 0, max = MAX_WEIGHT))]
     pub weight: i64,
 }
 

@@ -9,13 +9,35 @@ use crate::api::mydatabase_v1alpha1::V1_SPEC_ANNOTATION;
 const V1: &str = "example.com/v1";
 const V1ALPHA1: &str = "example.com/v1alpha1";
 
-fn annotations(object: &mut Value) -> &mut Map<String, Value> {
-    if !object["metadata"]["annotations"].is_object() {
-        object["metadata"]["annotations"] = json!({});
+/// Names the object in messages: `MyDatabase shop/orders`.
+fn describe(object: &Value) -> String {
+    super::validate::describe(
+        "MyDatabase",
+        object["metadata"]["namespace"].as_str(),
+        object["metadata"]["name"].as_str().unwrap_or("<unnamed>"),
+    )
+}
+
+/// The object's annotations, created when missing. Err when `metadata` is not an object
+/// (indexing into it would panic).
+fn annotations(object: &mut Value) -> Result<&mut Map<String, Value>, String> {
+    let described = describe(object);
+    let Some(metadata) = object.as_object_mut().and_then(|o| {
+        o.entry("metadata")
+            .or_insert_with(|| json!({}))
+            .as_object_mut()
+    }) else {
+        return Err(format!(
+            "{described}: metadata is not an object; send the object as the API server stores it"
+        ));
+    };
+    let annotations = metadata.entry("annotations").or_insert_with(|| json!({}));
+    if !annotations.is_object() {
+        *annotations = json!({});
     }
-    object["metadata"]["annotations"]
+    Ok(annotations
         .as_object_mut()
-        .expect("just made an object")
+        .expect("an object, made one just above"))
 }
 
 fn to_v1alpha1(mut object: Value) -> Result<Value, String> {
@@ -38,7 +60,7 @@ fn to_v1alpha1(mut object: Value) -> Result<Value, String> {
         })
         .unwrap_or_default();
     let saved = serde_json::to_string(&spec).map_err(|e| e.to_string())?;
-    annotations(&mut object).insert(V1_SPEC_ANNOTATION.into(), Value::String(saved));
+    annotations(&mut object)?.insert(V1_SPEC_ANNOTATION.into(), Value::String(saved));
     object["spec"] = Value::Object(alpha);
     object["apiVersion"] = json!(V1ALPHA1);
     Ok(object)
@@ -46,7 +68,8 @@ fn to_v1alpha1(mut object: Value) -> Result<Value, String> {
 
 fn to_v1(mut object: Value) -> Result<Value, String> {
     let alpha = object["spec"].clone();
-    let saved = annotations(&mut object).remove(V1_SPEC_ANNOTATION);
+    let described = describe(&object);
+    let saved = annotations(&mut object)?.remove(V1_SPEC_ANNOTATION);
     if object["metadata"]["annotations"]
         .as_object()
         .is_some_and(Map::is_empty)
@@ -57,7 +80,7 @@ fn to_v1(mut object: Value) -> Result<Value, String> {
     }
     let mut spec = match saved {
         Some(Value::String(text)) => serde_json::from_str::<Value>(&text)
-            .map_err(|e| format!("annotation {V1_SPEC_ANNOTATION} is not a v1 spec: {e}"))?,
+            .map_err(|e| format!("{described}: metadata.annotations[\"{V1_SPEC_ANNOTATION}\"] is not a v1 spec ({e}); remove the annotation (it only carries v1 fields for v1alpha1 readers)"))?,
         _ => json!({}),
     };
     if !spec.is_object() {
@@ -99,7 +122,8 @@ pub fn convert(object: Value, desired: &str) -> Result<Value, String> {
         (V1, V1ALPHA1) => to_v1alpha1(object),
         (V1ALPHA1, V1) => to_v1(object),
         (a, b) => Err(format!(
-            "cannot convert MyDatabase from {a:?} to {b:?}; served versions are {V1} and {V1ALPHA1}"
+            "{}: cannot convert apiVersion {a:?} to {b:?}; the served versions are {V1} and {V1ALPHA1}",
+            describe(&object)
         )),
     }
 }
@@ -109,6 +133,17 @@ pub fn review(body: &[u8]) -> Result<Vec<u8>, String> {
     use kube::core::conversion::{ConversionRequest, ConversionResponse, ConversionReview};
     let review: ConversionReview = serde_json::from_slice(body)
         .map_err(|e| format!("the body is not a ConversionReview: {e}"))?;
+    // The CRD asks for v1 only; the answer echoes the request's type.
+    if (
+        review.types.api_version.as_str(),
+        review.types.kind.as_str(),
+    ) != ("apiextensions.k8s.io/v1", "ConversionReview")
+    {
+        return Err(format!(
+            "the body is a {:?} {:?}, not an apiextensions.k8s.io/v1 ConversionReview",
+            review.types.api_version, review.types.kind
+        ));
+    }
     let request = ConversionRequest::from_review(review)
         .map_err(|_| "the ConversionReview has no request".to_string())?;
     let desired = request.desired_api_version.clone();
@@ -242,8 +277,40 @@ mod tests {
 
     #[test]
     fn unknown_versions_fail_clearly() {
-        let error = convert(json!({"apiVersion": "example.com/v2"}), V1).unwrap_err();
-        assert!(error.contains("example.com/v2"));
+        let error = convert(
+            json!({"apiVersion": "example.com/v2", "metadata": {"name": "a", "namespace": "shop"}}),
+            V1,
+        )
+        .unwrap_err();
+        assert!(
+            error.starts_with("MyDatabase shop/a:") && error.contains("example.com/v2"),
+            "{error}"
+        );
+    }
+
+    /// Found by the fuzz test: indexing into a non-object `metadata` panicked.
+    #[test]
+    fn objects_with_broken_metadata_fail_with_a_message() {
+        for metadata in [json!(5), json!([]), json!("x")] {
+            let mut object = v1(2, "16", None, None, false, false);
+            object["metadata"] = metadata.clone();
+            let error = convert(object, V1ALPHA1).unwrap_err();
+            assert!(error.contains("metadata is not an object"), "{error}");
+            let alpha = json!({"apiVersion": V1ALPHA1, "kind": "MyDatabase", "metadata": metadata, "spec": {"instances": 1}});
+            assert!(convert(alpha, V1).is_err());
+        }
+        let mut object = v1(2, "16", None, None, false, false);
+        object["metadata"]["annotations"] = json!("not a map");
+        let alpha = convert(object, V1ALPHA1).unwrap();
+        assert!(alpha["metadata"]["annotations"][V1_SPEC_ANNOTATION].is_string());
+        let broken = json!({"apiVersion": V1ALPHA1, "kind": "MyDatabase",
+            "metadata": {"name": "a", "namespace": "shop", "annotations": {V1_SPEC_ANNOTATION: "{"}}, "spec": {}});
+        let error = convert(broken, V1).unwrap_err();
+        assert!(
+            error.starts_with("MyDatabase shop/a: metadata.annotations[")
+                && error.contains("remove the annotation"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -3,8 +3,10 @@
 //! webhook configurations into the hub and members.
 //!
 //! - `validate` / `mutate`: the rules (pure);
-//! - `tenants`: tenant rules from ConfigMaps, swapped in atomically;
+//! - `tenants`: which tenant an object belongs to (its namespace's label, the single
+//!   rule), and tenant rules from ConfigMaps, swapped in atomically;
 //! - `admission`: AdmissionReview decoding and dispatch;
+//! - `convert`: MyDatabase v1 <-> v1alpha1 conversion (ConversionReview);
 //! - `tls`: self-issued or file-based certificates, served per handshake;
 //! - `configurations`: the Validating/MutatingWebhookConfigurations.
 
@@ -15,6 +17,9 @@ pub mod mutate;
 pub mod tenants;
 pub mod tls;
 pub mod validate;
+
+#[cfg(test)]
+mod fuzz_tests;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -43,8 +48,10 @@ use admission::{AdmissionState, Hook};
 use configurations::{ClusterRole, ConfigurationSpec, Endpoint};
 use tenants::TenantRegistry;
 
-/// Largest AdmissionReview body accepted.
-const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
+/// Largest review body accepted: the API server sends requests of up to 3 MiB (a large
+/// ConversionReview batch, or an UPDATE's AdmissionReview carrying object and oldObject),
+/// plus room for the review's own envelope.
+const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 /// Longest time a request may take to arrive and be answered.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -145,75 +152,56 @@ fn respond(status: StatusCode, content_type: &'static str, body: Vec<u8>) -> Res
     response
 }
 
-impl Server {
-    async fn convert(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
-        if request.method() != Method::POST {
-            return respond(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "text/plain",
-                b"POST a ConversionReview\n".to_vec(),
-            );
-        }
-        let body = match Limited::new(request.into_body(), MAX_BODY_BYTES)
-            .collect()
-            .await
-        {
-            Ok(collected) => collected.to_bytes(),
-            Err(error) => {
-                return respond(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "text/plain",
-                    format!("cannot read the body: {error}\n").into_bytes(),
-                );
-            }
-        };
-        let (response, result) = match convert::review(&body) {
-            Ok(answer) => (
-                respond(StatusCode::OK, "application/json", answer),
-                "converted",
-            ),
-            Err(message) => (
-                respond(
-                    StatusCode::BAD_REQUEST,
-                    "text/plain",
-                    format!("{message}\n").into_bytes(),
-                ),
-                "malformed",
-            ),
-        };
-        self.metrics
-            .requests
-            .get_or_create(&RequestLabels {
-                webhook: "convert".into(),
-                kind: "MyDatabase".into(),
-                operation: "CONVERT".into(),
-                result: result.into(),
-            })
-            .inc();
-        response
-    }
+/// The review endpoints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReviewPath {
+    Validate,
+    Mutate,
+    Convert,
+}
 
+impl ReviewPath {
+    fn name(self) -> &'static str {
+        match self {
+            ReviewPath::Validate => "validate",
+            ReviewPath::Mutate => "mutate",
+            ReviewPath::Convert => "convert",
+        }
+    }
+}
+
+impl Server {
     async fn handle(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
-        let started = Instant::now();
-        let hook = match request.uri().path() {
-            "/convert" => return self.convert(request).await,
-            "/validate" => Hook::Validate,
-            "/mutate" => Hook::Mutate,
+        let path = match request.uri().path() {
+            "/convert" => ReviewPath::Convert,
+            "/validate" => ReviewPath::Validate,
+            "/mutate" => ReviewPath::Mutate,
             "/healthz" => return respond(StatusCode::OK, "text/plain", b"ok\n".to_vec()),
+            "/readyz" => {
+                return match self.state.tenants.snapshot().waiting_for() {
+                    None => respond(StatusCode::OK, "text/plain", b"ok\n".to_vec()),
+                    Some(waiting) => respond(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "text/plain",
+                        format!("not ready: still listing {waiting}\n").into_bytes(),
+                    ),
+                };
+            }
             _ => {
                 return respond(
                     StatusCode::NOT_FOUND,
                     "text/plain",
-                    b"not found; the webhook serves /validate and /mutate\n".to_vec(),
+                    b"not found; the webhook serves /validate, /mutate and /convert\n".to_vec(),
                 );
             }
         };
         if request.method() != Method::POST {
-            return respond(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "text/plain",
-                b"POST an AdmissionReview\n".to_vec(),
-            );
+            let what: &[u8] = if path == ReviewPath::Convert {
+                b"POST a ConversionReview\n"
+            } else {
+                b"POST an AdmissionReview\n"
+            };
+            return respond(StatusCode::METHOD_NOT_ALLOWED, "text/plain", what.to_vec());
         }
         let body = match Limited::new(request.into_body(), MAX_BODY_BYTES)
             .collect()
@@ -224,50 +212,81 @@ impl Server {
                 return respond(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     "text/plain",
-                    format!("cannot read the body: {error}\n").into_bytes(),
+                    format!("cannot read the body (at most {MAX_BODY_BYTES} bytes): {error}\n")
+                        .into_bytes(),
                 );
             }
         };
-        let webhook = if hook == Hook::Validate {
-            "validate"
-        } else {
-            "mutate"
-        };
-        let (response, kind, operation, outcome) = match admission::decode(&body) {
-            Ok(request) => {
-                let (response, outcome) = admission::review(hook, &request, &self.state);
-                if outcome == admission::Outcome::Denied {
-                    tracing::info!(kind = %request.kind.kind, name = %request.name, message = %response.result.message, "denied");
-                }
-                (
-                    respond(
-                        StatusCode::OK,
-                        "application/json",
-                        admission::encode(response),
-                    ),
-                    request.kind.kind.clone(),
-                    format!("{:?}", request.operation).to_uppercase(),
-                    outcome,
-                )
-            }
-            Err(message) => (
-                respond(
-                    StatusCode::BAD_REQUEST,
-                    "text/plain",
-                    format!("{message}\n").into_bytes(),
+        self.answer(path, &body)
+    }
+
+    /// Answers one review body posted to `path`: every request goes through here once
+    /// its body is read, and the fuzz test drives it directly. 200 with a review answering
+    /// the request (same uid), or 400 when the body is not such a review.
+    fn answer(&self, path: ReviewPath, body: &[u8]) -> Response<Full<Bytes>> {
+        let started = Instant::now();
+        let (response, kind, operation, result) = match path {
+            ReviewPath::Convert => match convert::review(body) {
+                Ok(answer) => (
+                    respond(StatusCode::OK, "application/json", answer),
+                    "MyDatabase".to_string(),
+                    "CONVERT".to_string(),
+                    "converted",
                 ),
-                "unknown".to_string(),
-                "unknown".to_string(),
-                admission::Outcome::Malformed,
-            ),
+                Err(message) => (
+                    respond(
+                        StatusCode::BAD_REQUEST,
+                        "text/plain",
+                        format!("{message}\n").into_bytes(),
+                    ),
+                    "MyDatabase".to_string(),
+                    "CONVERT".to_string(),
+                    "malformed",
+                ),
+            },
+            ReviewPath::Validate | ReviewPath::Mutate => {
+                let hook = if path == ReviewPath::Validate {
+                    Hook::Validate
+                } else {
+                    Hook::Mutate
+                };
+                match admission::decode(body) {
+                    Ok(request) => {
+                        let (response, outcome) = admission::review(hook, &request, &self.state);
+                        if outcome == admission::Outcome::Denied {
+                            tracing::info!(kind = %request.kind.kind, name = %request.name, message = %response.result.message, "denied");
+                        }
+                        (
+                            respond(
+                                StatusCode::OK,
+                                "application/json",
+                                admission::encode(response),
+                            ),
+                            request.kind.kind.clone(),
+                            format!("{:?}", request.operation).to_uppercase(),
+                            outcome.as_str(),
+                        )
+                    }
+                    Err(message) => (
+                        respond(
+                            StatusCode::BAD_REQUEST,
+                            "text/plain",
+                            format!("{message}\n").into_bytes(),
+                        ),
+                        "unknown".to_string(),
+                        "unknown".to_string(),
+                        admission::Outcome::Malformed.as_str(),
+                    ),
+                }
+            }
         };
         self.metrics
             .requests
             .get_or_create(&RequestLabels {
-                webhook: webhook.into(),
+                webhook: path.name().into(),
                 kind,
                 operation,
-                result: outcome.as_str().into(),
+                result: result.into(),
             })
             .inc();
         self.metrics
@@ -505,14 +524,22 @@ pub async fn start(
     let acceptor = TlsAcceptor::from(Arc::new(tls::server_config(store)));
     let server = Arc::new(Server {
         state: AdmissionState {
-            tenants,
+            tenants: tenants.clone(),
             known_clusters,
         },
         metrics,
     });
     let serving = tokio::spawn(serve(listener, acceptor, server, process.shutdown.clone()));
 
-    // Configurations, now that the server answers.
+    // Not ready until the tenant rules and namespace labels are listed: until then the
+    // server answers, but denies tenant-governed requests (configurations left by an
+    // earlier run already send them here). The configurations are installed only after,
+    // so a first start has no such window at all.
+    if !wait_for_tenants(process, &tenants, &options.tenant_namespace).await {
+        return Ok(serving);
+    }
+
+    // Configurations, now that the server answers and enforces the tenant rules.
     let spec = ConfigurationSpec {
         name: options.configuration_name.clone(),
         endpoint: endpoint(options),
@@ -575,6 +602,32 @@ pub async fn start(
     Ok(serving)
 }
 
+/// Reports not ready while the tenant watches have not listed once, logging what is
+/// missing now and then. False when shutdown came first.
+async fn wait_for_tenants(
+    process: &Process,
+    tenants: &TenantRegistry,
+    tenant_namespace: &str,
+) -> bool {
+    let started = Instant::now();
+    loop {
+        let Some(waiting) = tenants.snapshot().waiting_for() else {
+            tracing::info!(waited = ?started.elapsed(), "tenant rules and namespace labels synced");
+            return true;
+        };
+        process.readiness.set_not_ready(format!(
+            "webhook: listing {waiting} (rules in namespace {tenant_namespace}); tenant-governed requests are denied until then"
+        ));
+        tokio::select! {
+            _ = process.shutdown.cancelled() => return false,
+            _ = tenants.wait_until_synced() => {}
+            _ = tokio::time::sleep(Duration::from_secs(15)) => {
+                tracing::warn!(waited = ?started.elapsed(), %waiting, namespace = %tenant_namespace, "still listing tenant rules; the webhook is not ready and denies tenant-governed requests (check its permission to list and watch namespaces and ConfigMaps there)");
+            }
+        }
+    }
+}
+
 async fn watch_cluster_names(
     client: kube::Client,
     known: Arc<ArcSwap<Vec<String>>>,
@@ -607,7 +660,34 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+    /// A registry that has listed everything (and found no tenants).
+    pub(super) fn synced_registry() -> Arc<TenantRegistry> {
+        let tenants = TenantRegistry::new();
+        tenants.store_rules(Default::default());
+        tenants.store_namespaces(Default::default());
+        tenants
+    }
+
+    pub(super) fn test_server(tenants: Arc<TenantRegistry>) -> Server {
+        Server {
+            state: AdmissionState {
+                tenants,
+                known_clusters: None,
+            },
+            metrics: WebhookMetrics {
+                requests: Family::default(),
+                duration: Histogram::new(exponential_buckets(0.001, 2.0, 4)),
+            },
+        }
+    }
+
     async fn start_server() -> (SocketAddr, String, CancellationToken) {
+        start_server_with(synced_registry()).await
+    }
+
+    async fn start_server_with(
+        tenants: Arc<TenantRegistry>,
+    ) -> (SocketAddr, String, CancellationToken) {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let authority = tls::CertificateAuthority::new("test-ca").unwrap();
         let issued = authority.issue(&["127.0.0.1".into()]).unwrap();
@@ -616,16 +696,7 @@ mod tests {
         );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let server = Arc::new(Server {
-            state: AdmissionState {
-                tenants: TenantRegistry::new(),
-                known_clusters: None,
-            },
-            metrics: WebhookMetrics {
-                requests: Family::default(),
-                duration: Histogram::new(exponential_buckets(0.001, 2.0, 4)),
-            },
-        });
+        let server = Arc::new(test_server(tenants));
         let shutdown = CancellationToken::new();
         let acceptor = TlsAcceptor::from(Arc::new(tls::server_config(store)));
         tokio::spawn(serve(listener, acceptor, server, shutdown.clone()));
@@ -719,6 +790,75 @@ mod tests {
             answer.contains("\"allowed\":false") && answer.contains("spec.replicas is 20"),
             "{answer}"
         );
+        shutdown.cancel();
+    }
+
+    /// The API server sends up to 3 MiB; a 2.5 MiB ConversionReview (a large batch) is
+    /// converted, not refused for its size.
+    #[tokio::test]
+    async fn a_large_conversion_batch_is_converted() {
+        let (addr, ca, shutdown) = start_server().await;
+        let object = |i: usize| {
+            serde_json::json!({"apiVersion": "example.com/v1", "kind": "MyDatabase",
+                "metadata": {"name": format!("db-{i}"), "namespace": "shop",
+                             "annotations": {"padding": "x".repeat(2000)}},
+                "spec": {"replicas": 3, "version": "16", "storage": {"size": "1Gi"}}})
+        };
+        let mut objects = vec![];
+        let mut review = serde_json::json!({});
+        let mut body = vec![];
+        while body.len() < 5 * 1024 * 1024 / 2 {
+            objects.push(object(objects.len()));
+            if objects.len() % 100 == 0 || body.is_empty() {
+                review = serde_json::json!({
+                    "apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview",
+                    "request": {"uid": "big-batch", "desiredAPIVersion": "example.com/v1alpha1", "objects": objects}
+                });
+                body = serde_json::to_vec(&review).unwrap();
+            }
+        }
+        assert!(body.len() > 2 * 1024 * 1024 + 512 * 1024 && body.len() < MAX_BODY_BYTES);
+        let count = review["request"]["objects"].as_array().unwrap().len();
+        let (status, answer) = send(addr, &ca, "POST", "/convert", &body).await;
+        assert_eq!(status, 200, "{}", &answer[..answer.len().min(300)]);
+        let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        assert_eq!(answer["response"]["uid"], "big-batch");
+        assert_eq!(answer["response"]["result"]["status"], "Success");
+        let converted = answer["response"]["convertedObjects"].as_array().unwrap();
+        assert_eq!(converted.len(), count);
+        assert_eq!(converted[count - 1]["spec"]["instances"], 3);
+        shutdown.cancel();
+    }
+
+    /// The webhook port's /readyz follows the tenant sync, and a tenant-governed request
+    /// sent before it is denied with the reason.
+    #[tokio::test]
+    async fn not_ready_and_denying_until_the_tenant_rules_are_synced() {
+        let tenants = TenantRegistry::new();
+        let (addr, ca, shutdown) = start_server_with(tenants.clone()).await;
+        let (status, body) = send(addr, &ca, "GET", "/readyz", b"").await;
+        assert_eq!(status, 503, "{body}");
+        assert!(body.contains("tenant rule ConfigMaps"), "{body}");
+        let review = serde_json::to_vec(&serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u", "kind": {"group": "example.com", "version": "v1", "kind": "MyDatabase"},
+                        "resource": {"group": "example.com", "version": "v1", "resource": "mydatabases"},
+                        "name": "a", "namespace": "n", "operation": "CREATE", "userInfo": {},
+                        "object": {"apiVersion": "example.com/v1", "kind": "MyDatabase", "metadata": {"name": "a"}, "spec": {"replicas": 2}}}
+        }))
+        .unwrap();
+        let (status, answer) = send(addr, &ca, "POST", "/validate", &review).await;
+        assert_eq!(status, 200);
+        assert!(
+            answer.contains("\"allowed\":false") && answer.contains("still syncing"),
+            "{answer}"
+        );
+        tenants.store_rules(Default::default());
+        assert_eq!(send(addr, &ca, "GET", "/readyz", b"").await.0, 503);
+        tenants.store_namespaces(Default::default());
+        assert_eq!(send(addr, &ca, "GET", "/readyz", b"").await.0, 200);
+        let (_, answer) = send(addr, &ca, "POST", "/validate", &review).await;
+        assert!(answer.contains("\"allowed\":true"), "{answer}");
         shutdown.cancel();
     }
 }

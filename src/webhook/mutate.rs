@@ -25,6 +25,11 @@ pub fn mydatabase(object: &Value, tenant: Option<(&str, &TenantRules)>) -> Vec<V
     let Some((tenant, rules)) = tenant else {
         return ops;
     };
+    // A spec that is not an object gets no defaults: a patch into it could not apply, and
+    // the schema validation after this webhook rejects it with its own message.
+    if !object["spec"].is_object() {
+        return tenant_label(object, tenant);
+    }
     if let Some(image) = &rules.defaults.image
         && is_unset(&object["spec"]["image"])
     {
@@ -100,19 +105,22 @@ pub fn policy(
     let Some((tenant, rules)) = tenant else {
         return Ok(vec![]);
     };
-    if rules.allowed_clusters.is_empty() && rules.allowed_zones.is_empty() {
+    if (rules.allowed_clusters.is_empty() && rules.allowed_zones.is_empty())
+        || !policy["spec"].is_object()
+    {
+        // Nothing to narrow, or a spec the schema validation after this webhook rejects.
         return Ok(tenant_label(policy, tenant));
     }
     let affinity = &policy["spec"]["placement"]["clusterAffinity"];
     let clusters = narrow(&strings(&affinity["clusterNames"]), &rules.allowed_clusters).map_err(|asked| {
         format!(
-            "{object}: spec.placement.clusterAffinity.clusterNames {asked:?} are all outside tenant {tenant}'s rule allowedClusters {:?}",
+            "{object}: spec.placement.clusterAffinity.clusterNames {asked:?} are all outside tenant {tenant}'s rule allowedClusters {:?}; name at least one allowed cluster, or leave clusterNames empty to get all of them",
             rules.allowed_clusters
         )
     })?;
     let zones = narrow(&strings(&affinity["zones"]), &rules.allowed_zones).map_err(|asked| {
         format!(
-            "{object}: spec.placement.clusterAffinity.zones {asked:?} are all outside tenant {tenant}'s rule allowedZones {:?}",
+            "{object}: spec.placement.clusterAffinity.zones {asked:?} are all outside tenant {tenant}'s rule allowedZones {:?}; name at least one allowed zone, or leave zones empty to get all of them",
             rules.allowed_zones
         )
     })?;

@@ -6,7 +6,9 @@ use k8s_openapi::api::core::v1::Toleration;
 
 use super::tenants::TenantRules;
 use crate::api::member_cluster::MemberClusterSpec;
-use crate::api::propagation_policy::{PropagationSpec, ReplicaSchedulingType};
+use crate::api::propagation_policy::{
+    MAX_STATIC_WEIGHTS, MAX_WEIGHT, PropagationSpec, ReplicaSchedulingType,
+};
 use crate::api::{MyDatabase, MyDatabaseSpec};
 
 /// Names an object in messages: `MyDatabase shop/orders`.
@@ -79,7 +81,7 @@ pub fn mydatabase(
         }
         if !rules.allowed_versions.is_empty() && !rules.allowed_versions.contains(&spec.version) {
             problems.push(format!(
-                "{object}: spec.version {:?} is not in tenant {tenant}'s rule allowedVersions {:?}",
+                "{object}: spec.version {:?} is not in tenant {tenant}'s rule allowedVersions {:?}; use one of those versions or ask for it to be allowed",
                 spec.version, rules.allowed_versions
             ));
         }
@@ -118,12 +120,12 @@ fn toleration_problems(object: &str, index: usize, toleration: &Toleration) -> V
     if let Some(seconds) = toleration.toleration_seconds {
         if toleration.effect.as_deref() != Some("NoExecute") {
             problems.push(format!(
-                "{object}: {field}.tolerationSeconds applies only to effect NoExecute"
+                "{object}: {field}.tolerationSeconds applies only to effect NoExecute; set effect NoExecute or remove tolerationSeconds"
             ));
         }
         if seconds < 0 {
             problems.push(format!(
-                "{object}: {field}.tolerationSeconds must not be negative"
+                "{object}: {field}.tolerationSeconds is {seconds}; it must be 0 or more (or unset, to tolerate forever)"
             ));
         }
     }
@@ -145,7 +147,7 @@ pub fn policy(
     for (i, selector) in spec.resource_selectors.iter().enumerate() {
         if selector.api_version.is_empty() || selector.kind.is_empty() {
             problems.push(format!(
-                "{object}: spec.resourceSelectors[{i}] needs apiVersion and kind"
+                "{object}: spec.resourceSelectors[{i}] needs apiVersion and kind; set both, for example apiVersion apps/v1 and kind Deployment"
             ));
         }
         if selector.name.is_some() && selector.label_selector.is_some() {
@@ -165,7 +167,8 @@ pub fn policy(
     for (i, spread) in spec.placement.spread_constraints.iter().enumerate() {
         if spread.min_groups < 1 {
             problems.push(format!(
-                "{object}: spec.placement.spreadConstraints[{i}].minGroups must be at least 1"
+                "{object}: spec.placement.spreadConstraints[{i}].minGroups is {}; it must be at least 1",
+                spread.min_groups
             ));
         }
         if spread.max_groups != 0 && spread.max_groups < spread.min_groups {
@@ -180,46 +183,50 @@ pub fn policy(
             && (scheduling.division_preference.is_some() || scheduling.weight_preference.is_some())
         {
             problems.push(format!(
-                "{object}: spec.placement.replicaScheduling sets divisionPreference or weightPreference with type Duplicated; they apply only to type Divided"
+                "{object}: spec.placement.replicaScheduling sets divisionPreference or weightPreference with type Duplicated; they apply only to type Divided: set type Divided or remove them"
             ));
         }
         if let Some(weights) = &scheduling.weight_preference {
+            let list = "spec.placement.replicaScheduling.weightPreference.staticWeightList";
+            if weights.static_weight_list.len() > MAX_STATIC_WEIGHTS {
+                problems.push(format!(
+                    "{object}: {list} has {} entries; at most {MAX_STATIC_WEIGHTS} are allowed: merge entries with the same weight (one targetCluster can list many clusterNames, zones or a labelSelector)",
+                    weights.static_weight_list.len()
+                ));
+            }
             for (i, entry) in weights.static_weight_list.iter().enumerate() {
-                if entry.weight < 0 {
+                if !(0..=MAX_WEIGHT).contains(&entry.weight) {
                     problems.push(format!(
-                        "{object}: spec.placement.replicaScheduling.weightPreference.staticWeightList[{i}].weight is {}; weights must be 0 or more",
+                        "{object}: {list}[{i}].weight is {}; weights must be between 0 and {MAX_WEIGHT}: only their ratios matter, so scale them down (2 and 1 divide like 2000 and 1000)",
                         entry.weight
                     ));
                 }
             }
+            // No sum: "is any weight positive" is the question, and a sum of i64 weights
+            // would overflow before the bound above is checked.
             if !weights.static_weight_list.is_empty()
-                && weights
-                    .static_weight_list
-                    .iter()
-                    .map(|w| w.weight.max(0))
-                    .sum::<i64>()
-                    == 0
+                && !weights.static_weight_list.iter().any(|w| w.weight > 0)
             {
                 problems.push(format!(
-                    "{object}: spec.placement.replicaScheduling.weightPreference.staticWeightList has no positive weight; give at least one cluster a weight above 0"
+                    "{object}: {list} has no positive weight; give at least one cluster a weight above 0"
                 ));
             }
         }
     }
     if let Some(known) = known_clusters {
-        let mut named: Vec<(&str, &String)> = vec![];
+        let mut named: Vec<(String, &String)> = vec![];
         if let Some(affinity) = &spec.placement.cluster_affinity {
             named.extend(
                 affinity
                     .cluster_names
                     .iter()
-                    .map(|n| ("spec.placement.clusterAffinity.clusterNames", n)),
+                    .map(|n| ("spec.placement.clusterAffinity.clusterNames".to_string(), n)),
             );
             named.extend(
                 affinity
                     .exclude
                     .iter()
-                    .map(|n| ("spec.placement.clusterAffinity.exclude", n)),
+                    .map(|n| ("spec.placement.clusterAffinity.exclude".to_string(), n)),
             );
         }
         if let Some(weights) = spec
@@ -228,14 +235,19 @@ pub fn policy(
             .as_ref()
             .and_then(|s| s.weight_preference.as_ref())
         {
-            for entry in &weights.static_weight_list {
-                named.extend(entry.target_cluster.cluster_names.iter().map(|n| ("spec.placement.replicaScheduling.weightPreference.staticWeightList[].targetCluster.clusterNames", n)));
+            for (i, entry) in weights.static_weight_list.iter().enumerate() {
+                named.extend(entry.target_cluster.cluster_names.iter().map(|n| {
+                    (
+                        format!("spec.placement.replicaScheduling.weightPreference.staticWeightList[{i}].targetCluster.clusterNames"),
+                        n,
+                    )
+                }));
             }
         }
         for (field, name) in named {
             if !known.contains(name) {
                 problems.push(format!(
-                    "{object}: {field} names cluster {name:?}, which is not a registered MemberCluster (strict mode); known clusters: {}",
+                    "{object}: {field} names cluster {name:?}, which is not a registered MemberCluster (strict mode); use one of the known clusters ({}) or join it first (bulkhead join)",
                     known.join(", ")
                 ));
             }
@@ -435,6 +447,64 @@ mod tests {
             policy(object, &duplicated, true, None)
                 .iter()
                 .any(|p| p.contains("apply only to type Divided"))
+        );
+    }
+
+    fn weighted(weights: &[i64]) -> PropagationSpec {
+        let mut spec = policy_spec();
+        spec.placement.replica_scheduling = Some(ReplicaScheduling {
+            type_: ReplicaSchedulingType::Divided,
+            division_preference: None,
+            weight_preference: Some(WeightPreference {
+                static_weight_list: weights
+                    .iter()
+                    .map(|&weight| StaticClusterWeight {
+                        weight,
+                        ..Default::default()
+                    })
+                    .collect(),
+                dynamic_weight: None,
+            }),
+        });
+        spec
+    }
+
+    /// Issue 16: the sum of i64 weights panicked in debug builds and wrapped in release
+    /// (two huge weights "summed" to a negative number). Now huge weights are refused,
+    /// naming the field and the fix, and nothing sums them.
+    #[test]
+    fn huge_weights_are_refused_without_overflow() {
+        let object = "PropagationPolicy shop/p";
+        for weights in [
+            vec![i64::MAX, i64::MAX],
+            vec![i64::MAX, 1],
+            vec![i64::MIN, i64::MAX],
+        ] {
+            let problems = policy(object, &weighted(&weights), true, None);
+            assert!(
+                problems.iter().any(|p| p.starts_with(object)
+                    && p.contains("staticWeightList[0].weight is")
+                    && p.contains("between 0 and 10000")
+                    && p.contains("scale them down")),
+                "{weights:?}: {problems:?}"
+            );
+        }
+        assert!(policy(object, &weighted(&[MAX_WEIGHT, 1]), true, None).is_empty());
+        let too_big = policy(object, &weighted(&[MAX_WEIGHT + 1]), true, None);
+        assert_eq!(too_big.len(), 1, "{too_big:?}");
+    }
+
+    #[test]
+    fn a_weight_list_has_at_most_100_entries() {
+        let object = "PropagationPolicy shop/p";
+        assert!(policy(object, &weighted(&[1; MAX_STATIC_WEIGHTS]), true, None).is_empty());
+        let problems = policy(object, &weighted(&[1; MAX_STATIC_WEIGHTS + 1]), true, None);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].contains("staticWeightList has 101 entries")
+                && problems[0].contains("at most 100")
+                && problems[0].contains("merge entries"),
+            "{problems:?}"
         );
     }
 
