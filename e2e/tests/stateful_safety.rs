@@ -740,6 +740,36 @@ async fn partition_scale_down_keeps_everything(
     Ok(())
 }
 
+/// Waits until the binding is Scheduled with exactly `split`, and returns `cluster`'s
+/// decision row (printing its reason).
+async fn wait_split(
+    federation: &Federation,
+    kind: Kind,
+    split: &[(&str, i64)],
+    cluster: &str,
+) -> Result<bulkhead::api::resource_binding::ClusterDecision> {
+    let wanted = pairs(split);
+    let binding = federation
+        .wait_binding(
+            &kind.binding(),
+            &format!("{wanted:?}"),
+            Duration::from_secs(30),
+            |b| {
+                (binding_replicas(b) == wanted && binding_condition_true(b, "Scheduled"))
+                    .then(|| b.clone())
+            },
+        )
+        .await?;
+    let row = binding
+        .status
+        .as_ref()
+        .and_then(|s| s.decisions.iter().find(|d| d.cluster == cluster))
+        .cloned()
+        .with_context(|| format!("{cluster}'s decision"))?;
+    eprintln!("{cluster}'s decision: {}", row.reason);
+    Ok(row)
+}
+
 fn binding_condition_true(binding: &ResourceBinding, type_: &str) -> bool {
     binding
         .status
@@ -888,25 +918,8 @@ async fn scale_up_during_a_partition_goes_to_the_reachable_cluster() -> Result<(
 
     let scaled = Instant::now();
     scale(&federation, kind, 4).await?;
-    let binding = federation
-        .wait_binding(
-            &kind.binding(),
-            "east 1, west 3",
-            Duration::from_secs(30),
-            |b| {
-                (binding_replicas(b) == pairs(&[("east", 1), ("west", 3)])
-                    && binding_condition_true(b, "Scheduled"))
-                .then(|| b.clone())
-            },
-        )
-        .await?;
+    let east_row = wait_split(&federation, kind, &[("east", 1), ("west", 3)], "east").await?;
     let decided = scaled.elapsed();
-    let east_row = binding
-        .status
-        .as_ref()
-        .and_then(|s| s.decisions.iter().find(|d| d.cluster == "east"))
-        .context("east's decision")?;
-    eprintln!("east's decision: {}", east_row.reason);
     assert!(
         east_row.reason.contains("keeps at most"),
         "{}",
@@ -1140,25 +1153,8 @@ async fn no_schedule_keeps_a_database_in_place() -> Result<()> {
 
     let scaled = Instant::now();
     scale(&federation, kind, 4).await?;
-    let binding = federation
-        .wait_binding(
-            &kind.binding(),
-            "east 3, west 1",
-            Duration::from_secs(30),
-            |b| {
-                (binding_replicas(b) == pairs(&[("east", 3), ("west", 1)])
-                    && binding_condition_true(b, "Scheduled"))
-                .then(|| b.clone())
-            },
-        )
-        .await?;
+    let west_row = wait_split(&federation, kind, &[("east", 3), ("west", 1)], "west").await?;
     let decided = scaled.elapsed();
-    let west_row = binding
-        .status
-        .as_ref()
-        .and_then(|s| s.decisions.iter().find(|d| d.cluster == "west"))
-        .context("west's decision")?;
-    eprintln!("west's decision: {}", west_row.reason);
     assert!(west_row.selected, "west stays selected");
     assert!(
         west_row.reason.contains("NoSchedule"),

@@ -118,11 +118,22 @@ fn run_with(
     clusters: &[ClusterView],
     current: &[TargetCluster],
 ) -> PlacementResult {
+    run_kind(placement, replicas, clusters, current, false)
+}
+
+/// A divisible kind, stateless or stateful.
+fn run_kind(
+    placement: &Placement,
+    replicas: i32,
+    clusters: &[ClusterView],
+    current: &[TargetCluster],
+    stateful: bool,
+) -> PlacementResult {
     place(&PlacementRequest {
         placement,
         replicas,
         divisible: true,
-        stateful: false,
+        stateful,
         uid: UID,
         clusters,
         current,
@@ -1204,16 +1215,7 @@ fn run_stateful(
     clusters: &[ClusterView],
     current: &[TargetCluster],
 ) -> PlacementResult {
-    place(&PlacementRequest {
-        placement,
-        replicas,
-        divisible: true,
-        stateful: true,
-        uid: UID,
-        clusters,
-        current,
-        now: now(),
-    })
+    run_kind(placement, replicas, clusters, current, true)
 }
 
 #[test]
@@ -1300,16 +1302,8 @@ fn no_schedule_keeps_existing_placements_and_blocks_new_ones() {
     assert_eq!(targets(&result), [("west", 2)]);
     // Already there: it stays, with no more than it holds, stateless or stateful.
     for stateful in [false, true] {
-        let result = place(&PlacementRequest {
-            placement: &placement,
-            replicas: 4,
-            divisible: true,
-            stateful,
-            uid: UID,
-            clusters: &clusters,
-            current: &current(&[("east", 1), ("west", 1)]),
-            now: now(),
-        });
+        let holding = current(&[("east", 1), ("west", 1)]);
+        let result = run_kind(&placement, 4, &clusters, &holding, stateful);
         assert_eq!(
             targets(&result),
             [("east", 1), ("west", 3)],
