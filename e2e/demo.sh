@@ -193,10 +193,13 @@ show "after: healed"
 echo "== MyDatabase copies after the heal: the change is done"
 member_uids
 echo "== volume claims of orders in each member: a removed copy's claims stay (released)"
+printf '  %-7s %-16s %-8s %s\n' CLUSTER CLAIM STATUS RELEASED
 for member in east west north; do
   "$kubectl" --kubeconfig "$(e2e/lab kubeconfig "$member" --inside)" -n shop get pvc -l example.com/database=orders \
-    -o custom-columns="CLUSTER:.metadata.namespace,NAME:.metadata.name,STATUS:.status.phase,RELEASED:.metadata.labels.example\.com/released" \
-    --no-headers 2>/dev/null | sed "s/^shop/  $member/"
+    -o custom-columns="NAME:.metadata.name,STATUS:.status.phase,RELEASED:.metadata.labels.example\.com/released" \
+    --no-headers 2>/dev/null | while read -r claim phase released; do
+      printf '  %-7s %-16s %-8s %s\n' "$member" "$claim" "$phase" "${released/<none>/-}"
+    done
 done
 
 echo
