@@ -217,6 +217,202 @@ impl Federation {
         .await
     }
 
+    /// The value of the hub's unlabelled metric sample `name` (e.g. `bulkhead_hub_synced`,
+    /// `bulkhead_scheduler_passes_total`), or `None` when the hub does not expose it.
+    pub async fn hub_metric(&self, name: &str) -> Result<Option<f64>> {
+        let text = self.hub_metrics().await?;
+        Ok(metric_sample(&text, name))
+    }
+
+    /// Waits until the hub has completed `passes` more passes over every template than
+    /// it had when called (the counter `bulkhead_scheduler_passes_total`); returns the
+    /// counter's value then.
+    pub async fn wait_passes(&self, passes: u64, timeout: Duration) -> Result<f64> {
+        const PASSES: &str = "bulkhead_scheduler_passes_total";
+        let start = wait_for(&format!("the hub to expose {PASSES}"), timeout, || async {
+            match self.hub_metric(PASSES).await {
+                Ok(Some(value)) => Check::Done(value),
+                Ok(None) => Check::Waiting(format!("no {PASSES} sample")),
+                Err(e) => Check::Waiting(e.to_string()),
+            }
+        })
+        .await?;
+        let wanted = start + passes as f64;
+        wait_for(
+            &format!("{passes} more scheduler passes (from {start})"),
+            timeout,
+            || async {
+                match self.hub_metric(PASSES).await {
+                    Ok(Some(value)) if value >= wanted => Check::Done(value),
+                    Ok(value) => Check::Waiting(format!("{PASSES} {value:?}")),
+                    Err(e) => Check::Waiting(e.to_string()),
+                }
+            },
+        )
+        .await
+    }
+
+    /// Waits until a (re)started hub says it is synced (`bulkhead_hub_synced 1`: it has
+    /// read every hub object and every Ready member's copies and completed a pass over
+    /// every template), then for `passes` more passes, so whatever it was going to
+    /// decide from what it read has been decided (and written) by the time this returns.
+    pub async fn wait_hub_synced(&self, passes: u64, timeout: Duration) -> Result<()> {
+        const SYNCED: &str = "bulkhead_hub_synced";
+        wait_for("the hub to be synced", timeout, || async {
+            match self.hub_metric(SYNCED).await {
+                Ok(Some(1.0)) => Check::Done(()),
+                Ok(value) => Check::Waiting(format!("{SYNCED} {value:?}")),
+                Err(e) => Check::Waiting(e.to_string()),
+            }
+        })
+        .await?;
+        self.wait_passes(passes, timeout).await?;
+        Ok(())
+    }
+
+    /// Waits until the hub's MemberCluster `name` has the condition `Ready` with status
+    /// True (`ready`) or False (not `ready`; a missing condition is neither), and returns
+    /// the MemberCluster as then seen.
+    pub async fn wait_member_ready(
+        &self,
+        name: &str,
+        ready: bool,
+        timeout: Duration,
+    ) -> Result<MemberCluster> {
+        let api: Api<MemberCluster> = Api::all(self.hub.clone());
+        let wanted = if ready { "True" } else { "False" };
+        wait_for(
+            &format!("MemberCluster {name} Ready={wanted} on the hub"),
+            timeout,
+            || {
+                let api = api.clone();
+                async move {
+                    match api.get(name).await {
+                        Ok(member) => {
+                            let condition = member.status.as_ref().and_then(|s| {
+                                s.conditions.iter().find(|c| c.type_ == "Ready").cloned()
+                            });
+                            match condition {
+                                Some(c) if c.status == wanted => Check::Done(member),
+                                Some(c) => Check::Waiting(format!(
+                                    "Ready={} ({}: {})",
+                                    c.status, c.reason, c.message
+                                )),
+                                None => Check::Waiting("no Ready condition".into()),
+                            }
+                        }
+                        Err(e) => Check::Waiting(e.to_string()),
+                    }
+                }
+            },
+        )
+        .await
+    }
+
+    /// The Events the hub recorded in the test namespace about the object `kind/name`
+    /// (`regarding`), oldest first, as (reason, note) pairs. The hub's recorder writes
+    /// `events.k8s.io/v1` Events (what `kubectl events` shows).
+    pub async fn events_for(&self, kind: &str, name: &str) -> Result<Vec<(String, String)>> {
+        let api = Api::<k8s_openapi::api::events::v1::Event>::namespaced(
+            self.hub.clone(),
+            &self.namespace,
+        );
+        let mut events: Vec<_> = api
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.regarding.as_ref().is_some_and(|r| {
+                    r.kind.as_deref() == Some(kind) && r.name.as_deref() == Some(name)
+                })
+            })
+            .collect();
+        events.sort_by_key(|e| {
+            (
+                e.event_time.as_ref().map(|t| t.0),
+                e.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            )
+        });
+        Ok(events
+            .into_iter()
+            .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+            .collect())
+    }
+
+    /// Waits until the hub has recorded an Event with `reason` about `kind/name`, and
+    /// returns its note (the latest, when there are several).
+    pub async fn wait_event(
+        &self,
+        kind: &str,
+        name: &str,
+        reason: &str,
+        timeout: Duration,
+    ) -> Result<String> {
+        wait_for(
+            &format!("an Event {reason} on {kind} {name}"),
+            timeout,
+            || async {
+                match self.events_for(kind, name).await {
+                    Ok(events) => match events.iter().rev().find(|(r, _)| r == reason) {
+                        Some((_, note)) => Check::Done(note.clone()),
+                        None => Check::Waiting(format!(
+                            "reasons {:?}",
+                            events.iter().map(|(r, _)| r.as_str()).collect::<Vec<_>>()
+                        )),
+                    },
+                    Err(e) => Check::Waiting(e.to_string()),
+                }
+            },
+        )
+        .await
+    }
+
+    /// Waits until the hub's garbage collector (kube-controller-manager) tracks
+    /// ResourceBindings, by creating a throwaway binding whose owner does not exist and
+    /// waiting until it is collected. A controller manager that started before the CRDs
+    /// were installed learns of a new kind only at its next resource resync (every 30 s);
+    /// until then a `--cascade=foreground` deletion finds no dependents and deletes no
+    /// binding. Tests of what the hub does when the garbage collector deletes a binding
+    /// call this first.
+    pub async fn wait_garbage_collector_tracks_bindings(&self, timeout: Duration) -> Result<()> {
+        let api = Api::<ResourceBinding>::namespaced(self.hub.clone(), &self.namespace);
+        let name = "e2e-garbage-collector-probe";
+        let probe: ResourceBinding = serde_json::from_value(json!({
+            "apiVersion": "federation.example.com/v1alpha1", "kind": "ResourceBinding",
+            "metadata": {"name": name, "ownerReferences": [{
+                "apiVersion": "v1", "kind": "ConfigMap", "name": "e2e-no-such-owner",
+                "uid": "00000000-0000-0000-0000-000000000000"}]},
+            "spec": {"resource": {"apiVersion": "v1", "kind": "ConfigMap", "name": "e2e-no-such-owner"}},
+        }))?;
+        api.create(&Default::default(), &probe)
+            .await
+            .context("creating the garbage collector's probe binding")?;
+        let collected = wait_for(
+            "the garbage collector to collect a binding without owner",
+            timeout,
+            || async {
+                match api.get_opt(name).await {
+                    Ok(None) => Check::Done(()),
+                    Ok(Some(_)) => Check::Waiting("still there".into()),
+                    Err(e) => Check::Waiting(e.to_string()),
+                }
+            },
+        )
+        .await;
+        if collected.is_err() {
+            let _ = api.delete(name, &Default::default()).await;
+        }
+        collected
+    }
+
+    /// The path of the hub's current log file (see [`Federation::start_hub`]).
+    pub fn hub_log(&self) -> std::path::PathBuf {
+        self.lab
+            .log_dir("hub")
+            .join(format!("{}-hub-{}.log", self.namespace, self.hub_starts))
+    }
+
     /// Server-side applies an object to the hub in the test namespace.
     pub async fn apply(&self, resource: &ApiResource, object: Value) -> Result<DynamicObject> {
         let name = object["metadata"]["name"]
@@ -426,6 +622,15 @@ impl Copy {
                 .is_some_and(|v| v == "bulkhead"),
         }
     }
+}
+
+/// The value of the unlabelled sample `name` in Prometheus text, if present (HELP and
+/// TYPE lines and samples of other metrics sharing the prefix are not it).
+pub fn metric_sample(text: &str, name: &str) -> Option<f64> {
+    text.lines().find_map(|line| {
+        let (sample, value) = line.trim_end().split_once(' ')?;
+        (sample == name).then(|| value.trim().parse().ok())?
+    })
 }
 
 /// (cluster, replicas) pairs of copies, for comparisons.

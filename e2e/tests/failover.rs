@@ -334,6 +334,33 @@ async fn a_zone_partition_moves_stateless_replicas_and_fences_the_database() -> 
         1
     );
 
+    // What a user reads with `kubectl events`: the eviction on the template and its
+    // binding, the failover completing on the binding, the database fenced.
+    let events_timeout = Duration::from_secs(30);
+    for (kind, name) in [("Deployment", "web"), ("ResourceBinding", "web-deployment")] {
+        let note = federation
+            .wait_event(kind, name, "Evicted", events_timeout)
+            .await?;
+        assert!(note.contains("east"), "Evicted on {kind} {name}: {note}");
+    }
+    federation
+        .wait_event(
+            "ResourceBinding",
+            "web-deployment",
+            "FailoverComplete",
+            events_timeout,
+        )
+        .await?;
+    for (kind, name) in [
+        ("MyDatabase", "orders"),
+        ("ResourceBinding", "orders-mydatabase"),
+    ] {
+        let note = federation
+            .wait_event(kind, name, "Fenced", events_timeout)
+            .await?;
+        assert!(note.contains("east"), "Fenced on {kind} {name}: {note}");
+    }
+
     // Heal: back to 2/2/2, make-before-break, east read-write, every UID kept.
     partition.heal()?;
     let healed = Instant::now();
@@ -346,6 +373,15 @@ async fn a_zone_partition_moves_stateless_replicas_and_fences_the_database() -> 
     )
     .await?;
     let unfenced = healed.elapsed();
+    for (kind, name) in [
+        ("MyDatabase", "orders"),
+        ("ResourceBinding", "orders-mydatabase"),
+    ] {
+        let note = federation
+            .wait_event(kind, name, "Unfenced", events_timeout)
+            .await?;
+        assert!(note.contains("east"), "Unfenced on {kind} {name}: {note}");
+    }
     assert!(
         lowest >= 6,
         "make-before-break: {lowest} ready replicas at the lowest"
@@ -411,7 +447,8 @@ async fn an_isolated_hub_freezes_failover_while_every_member_fences() -> Result<
     })
     .await?;
     let frozen_after = cut.elapsed();
-    // Well past the toleration: still nothing moved.
+    // Well past the toleration: still nothing moved. A deliberate sleep: what is checked
+    // is that nothing happens in that time, so there is no condition to wait for.
     tokio::time::sleep(Duration::from_secs(TOLERATION_SECONDS + 5)).await;
     let binding = federation
         .binding("web-deployment")
@@ -444,7 +481,8 @@ async fn an_isolated_hub_freezes_failover_while_every_member_fences() -> Result<
     federation
         .wait_members_ready(Duration::from_secs(30))
         .await?;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The thawed hub has decided at least twice with every member Ready: nothing moved.
+    federation.wait_passes(2, Duration::from_secs(60)).await?;
     assert_eq!(federation.placement_of("web-deployment").await?, web_before);
     assert_eq!(evictions(&federation).await?, 0.0);
     assert_eq!(uids(&federation).await?, before, "nothing moved or deleted");
@@ -466,6 +504,9 @@ async fn a_flapping_member_causes_no_churn() -> Result<()> {
     let web_before = federation.placement_of("web-deployment").await?;
     let started = Instant::now();
     let mut spec_changes = 0;
+    // Deliberate sleeps: the flapping pattern is a timing (cuts shorter than the
+    // failure threshold of 3 x 1 s probes, gaps shorter than the toleration), and what is
+    // checked is that nothing happens through it.
     for _ in 0..5 {
         let partition = Partition::start(&federation.lab, "east")?;
         tokio::time::sleep(Duration::from_millis(1200)).await;
@@ -474,6 +515,7 @@ async fn a_flapping_member_causes_no_churn() -> Result<()> {
         let now = federation.placement_of("web-deployment").await?;
         spec_changes += usize::from(now != web_before);
     }
+    // Past the toleration after the last cut: still nothing may move (deliberate).
     tokio::time::sleep(Duration::from_secs(TOLERATION_SECONDS + 2)).await;
     assert_eq!(spec_changes, 0, "the placement never changed");
     assert_eq!(evictions(&federation).await?, 0.0);
@@ -588,6 +630,7 @@ async fn a_hub_killed_during_failover_finishes_it_after_restart() -> Result<()> 
     let detected = wait_unready(&federation, "east", cut).await?;
     federation.kill_hub();
     let during = federation.copies(&deployments(), "web").await?;
+    // Deliberate: the hub stays down for a while during the toleration.
     tokio::time::sleep(Duration::from_secs(2)).await;
     federation.start_hub()?;
     let restarted = cut.elapsed();

@@ -402,6 +402,7 @@ async fn members_join_are_probed_tainted_zoned_leased_and_unjoin_cleanly() -> Re
             .unwrap_or(0)
     };
     let before = metrics(port).await?;
+    // Deliberate: the measure is what the hub writes in a 5 s window of steady probing.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let after = metrics(port).await?;
     for (name, _, _) in MEMBERS {
@@ -419,11 +420,19 @@ async fn members_join_are_probed_tainted_zoned_leased_and_unjoin_cleanly() -> Re
         inside.push((name, lab.inside_client(name).await?));
     }
     let before: Vec<Option<String>> = futures_join(&inside).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let after: Vec<Option<String>> = futures_join(&inside).await;
-    for (i, (name, _)) in inside.iter().enumerate() {
-        assert!(after[i].is_some(), "{name} has the lease");
-        assert_ne!(before[i], after[i], "{name}: renewTime advances");
+    for (i, (name, client)) in inside.iter().enumerate() {
+        let before = &before[i];
+        wait_for(
+            &format!("{name}: the lease renewed (renewTime advances)"),
+            Duration::from_secs(30),
+            || async move {
+                match renew_time(client).await {
+                    Some(now) if Some(&now) != before.as_ref() => Check::Done(()),
+                    now => Check::Waiting(format!("renewTime {now:?}, before {before:?}")),
+                }
+            },
+        )
+        .await?;
     }
 
     // Partition east: Unreachable with the taint within interval x threshold + timeout.
@@ -490,17 +499,27 @@ async fn members_join_are_probed_tainted_zoned_leased_and_unjoin_cleanly() -> Re
     let west_inside = lab.inside_client("west").await?;
     let east_before = renew_time(&east_inside).await;
     let west_before = renew_time(&west_inside).await;
+    // A deliberate sleep of three renew intervals: what is checked is that east's lease
+    // is not renewed in that time, so there is no condition to wait for.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
         east_before,
         renew_time(&east_inside).await,
         "no renewal through a partition"
     );
-    assert_ne!(
-        west_before,
-        renew_time(&west_inside).await,
-        "west keeps being renewed"
-    );
+    let west_before = &west_before;
+    let west_inside = &west_inside;
+    wait_for(
+        "west keeps being renewed",
+        Duration::from_secs(30),
+        || async move {
+            match renew_time(west_inside).await {
+                Some(now) if Some(&now) != west_before.as_ref() => Check::Done(()),
+                now => Check::Waiting(format!("renewTime {now:?}, before {west_before:?}")),
+            }
+        },
+    )
+    .await?;
     let text = metrics(port).await?;
     assert!(
         metric_line(&text, "bulkhead_zone_state{zone=\"zone-a\"} 2"),
@@ -765,5 +784,286 @@ async fn join_can_install_the_agent_and_unjoin_removes_it() -> Result<()> {
             .await?
             .is_none()
     );
+    Ok(())
+}
+
+/// Deletes a hand-made MemberCluster and its Secret from the hub when the test ends,
+/// even when it fails.
+struct HandMadeMember {
+    lab: Lab,
+    name: &'static str,
+}
+
+impl Drop for HandMadeMember {
+    fn drop(&mut self) {
+        let name = self.name;
+        support::cleanup_blocking(vec![self.lab.kubeconfig("hub")], move |hub| async move {
+            let _ = Api::<MemberCluster>::all(hub.clone())
+                .delete(name, &DeleteParams::default())
+                .await;
+            let _ = Api::<Secret>::namespaced(hub, "bulkhead-system")
+                .delete(&format!("member-{name}"), &DeleteParams::default())
+                .await;
+        });
+    }
+}
+
+#[tokio::test]
+async fn the_hub_refuses_a_second_member_cluster_for_the_same_cluster() -> Result<()> {
+    use bulkhead_e2e::federation::{Federation, config_maps, policies};
+    use serde_json::json;
+
+    let federation = Federation::start("membership-dup", &[]).await?;
+    let hub = federation.hub.clone();
+    let members_api = Api::<MemberCluster>::all(hub.clone());
+    let secrets = Api::<Secret>::namespaced(hub.clone(), "bulkhead-system");
+    let probe_interval = Duration::from_secs(
+        members_api
+            .get("east")
+            .await?
+            .spec
+            .probe
+            .interval_seconds
+            .try_into()?,
+    );
+
+    // Two ConfigMaps in east: one placed there only, one on every cluster.
+    for (name, placement) in [
+        (
+            "pinned",
+            json!({"clusterAffinity": {"clusterNames": ["east"]}}),
+        ),
+        ("everywhere", json!({})),
+    ] {
+        federation
+            .apply(
+                &policies(),
+                federation.policy(
+                    name,
+                    json!([{"apiVersion": "v1", "kind": "ConfigMap", "name": name}]),
+                    placement,
+                    json!({}),
+                ),
+            )
+            .await?;
+        federation
+            .apply(
+                &config_maps(),
+                json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"owner": "hub"}}),
+            )
+            .await?;
+    }
+    let mut east_uids = vec![];
+    for (name, count) in [("pinned", 1), ("everywhere", 3)] {
+        let copies = federation
+            .wait_copies(
+                &config_maps(),
+                name,
+                &format!("in {count} member(s)"),
+                Duration::from_secs(60),
+                |c| c.len() == count && c.iter().all(|c| c.managed),
+            )
+            .await?;
+        let east = copies
+            .iter()
+            .find(|c| c.cluster == "east")
+            .with_context(|| format!("{name} in east: {copies:?}"))?;
+        east_uids.push((name, east.uid.clone()));
+    }
+
+    // By hand, as `kubectl apply` would (`bulkhead join` refuses this itself): a second
+    // MemberCluster for east's cluster, with a copy of east's kubeconfig Secret. No
+    // cluster-id label either: the hub must find out from the cluster itself.
+    let _hand_made = HandMadeMember {
+        lab: federation.lab.clone(),
+        name: "east-again",
+    };
+    let east_secret = secrets.get("member-east").await?;
+    let copy: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "member-east-again", "namespace": "bulkhead-system"},
+        "data": east_secret.data,
+    }))?;
+    secrets.create(&PostParams::default(), &copy).await?;
+    let east = members_api.get("east").await?;
+    let again: MemberCluster = serde_json::from_value(json!({
+        "apiVersion": "federation.example.com/v1alpha1", "kind": "MemberCluster",
+        "metadata": {"name": "east-again"},
+        "spec": {
+            "secretRef": {"namespace": "bulkhead-system", "name": "member-east-again"},
+            "zone": east.spec.zone,
+            "region": east.spec.region,
+            "probe": east.spec.probe,
+        }
+    }))?;
+    members_api
+        .patch(
+            "east-again",
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(&again),
+        )
+        .await?;
+
+    let refused = federation
+        .wait_member_ready("east-again", false, Duration::from_secs(60))
+        .await?;
+    let condition = refused
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+        .cloned()
+        .context("Ready condition")?;
+    eprintln!(
+        "east-again: Ready={} {}: {}",
+        condition.status, condition.reason, condition.message
+    );
+    assert_eq!(condition.reason, "DuplicateCluster", "{condition:?}");
+    assert!(
+        condition
+            .message
+            .split(|c: char| !(c.is_alphanumeric() || c == '-'))
+            .any(|word| word == "east"),
+        "the message names east: {}",
+        condition.message
+    );
+
+    // The hub goes on deciding with east-again refused: east stays Ready and keeps its
+    // copies (same UIDs) through at least two probe intervals and three scheduler passes.
+    let watched = Instant::now();
+    let passes_before = federation
+        .hub_metric("bulkhead_scheduler_passes_total")
+        .await?
+        .context("no scheduler passes metric")?;
+    let check_east = || async {
+        let east = members_api.get("east").await?;
+        anyhow::ensure!(ready(&east).0 == "True", "east: {:?}", ready(&east));
+        let again = members_api.get("east-again").await?;
+        anyhow::ensure!(
+            ready(&again) == ("False".into(), "DuplicateCluster".into()),
+            "east-again: {:?}",
+            ready(&again)
+        );
+        for (name, uid) in &east_uids {
+            let copies = federation
+                .copies_in(&["east"], &config_maps(), name)
+                .await?;
+            anyhow::ensure!(
+                copies.len() == 1 && &copies[0].uid == uid,
+                "{name} in east: {copies:?}, was {uid}"
+            );
+        }
+        Ok::<_, anyhow::Error>(())
+    };
+    loop {
+        check_east().await?;
+        let passes = federation
+            .hub_metric("bulkhead_scheduler_passes_total")
+            .await?
+            .unwrap_or_default();
+        if watched.elapsed() >= 2 * probe_interval && passes >= passes_before + 3.0 {
+            eprintln!(
+                "east kept its copies for {:?} ({} passes) with east-again refused",
+                watched.elapsed(),
+                passes - passes_before
+            );
+            break;
+        }
+        anyhow::ensure!(
+            watched.elapsed() < Duration::from_secs(120),
+            "fewer than 3 scheduler passes in 120 s ({passes_before} -> {passes})"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    for name in ["pinned", "everywhere"] {
+        let binding = federation
+            .binding(&format!("{name}-configmap"))
+            .await?
+            .with_context(|| format!("binding {name}-configmap"))?;
+        eprintln!(
+            "binding {name}-configmap with east-again refused:\n{}",
+            serde_yaml::to_string(&binding)?
+        );
+        // A refused duplicate is not a cluster of its own: the hub reads nothing through
+        // it, so no binding records a copy (or a cleanup) there.
+        let status = binding.status.clone().unwrap_or_default();
+        assert!(
+            status.clusters.iter().all(|r| r.name != "east-again")
+                && status.decisions.iter().all(|d| d.cluster != "east-again"),
+            "binding {name}-configmap mentions the refused duplicate"
+        );
+    }
+
+    // Removing the duplicate (not an unjoin with cleanup) deletes nothing in east either.
+    members_api
+        .delete("east-again", &DeleteParams::default())
+        .await?;
+    secrets
+        .delete("member-east-again", &DeleteParams::default())
+        .await?;
+    wait_for("east-again to go", Duration::from_secs(30), || async {
+        match members_api.get_opt("east-again").await {
+            Ok(None) => Check::Done(()),
+            Ok(Some(_)) => Check::Waiting("still there".into()),
+            Err(e) => Check::Waiting(e.to_string()),
+        }
+    })
+    .await?;
+    federation.wait_passes(3, Duration::from_secs(120)).await?;
+    for (name, uid) in &east_uids {
+        let copies = federation
+            .copies_in(&["east"], &config_maps(), name)
+            .await?;
+        assert!(
+            copies.len() == 1 && &copies[0].uid == uid,
+            "{name} in east after east-again was deleted: {copies:?}, was {uid}"
+        );
+    }
+    assert_eq!(ready(&members_api.get("east").await?).0, "True");
+
+    // Nothing is left waiting for the duplicate: no binding row for it, and deleting the
+    // templates removes east's copies and then the templates (no cleanup stays pending
+    // for a cluster that is gone).
+    for (name, _) in &east_uids {
+        federation
+            .wait_binding(
+                &format!("{name}-configmap"),
+                "no row for east-again",
+                Duration::from_secs(60),
+                |b| {
+                    let rows = &b.status.as_ref()?.clusters;
+                    rows.iter().all(|r| r.name != "east-again").then_some(())
+                },
+            )
+            .await?;
+        federation
+            .api("hub", &config_maps())
+            .delete(name, &DeleteParams::default())
+            .await?;
+    }
+    for (name, _) in &east_uids {
+        federation
+            .wait_copies(
+                &config_maps(),
+                name,
+                "gone everywhere",
+                Duration::from_secs(60),
+                |c| c.is_empty(),
+            )
+            .await?;
+        wait_for(
+            &format!("the template {name} to go"),
+            Duration::from_secs(60),
+            || async {
+                match federation.api("hub", &config_maps()).get_opt(name).await {
+                    Ok(None) => Check::Done(()),
+                    Ok(Some(t)) => {
+                        Check::Waiting(format!("finalizers {:?}", t.metadata.finalizers))
+                    }
+                    Err(e) => Check::Waiting(e.to_string()),
+                }
+            },
+        )
+        .await?;
+    }
     Ok(())
 }

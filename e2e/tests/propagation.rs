@@ -1,7 +1,8 @@
 //! Propagation against the lab with the hub and an agent in every member: weighted
 //! MyDatabase placement down to Ready StatefulSets and back up as template status,
 //! re-weighting, Duplicated Deployments, ConfigMaps, conflicts with unmanaged objects,
-//! cleanup (also during a partition), a hub restart that changes nothing, `bulkhead plan`
+//! cleanup (also during a partition, and a foreground deletion during one), a hub restart
+//! that changes nothing, `bulkhead plan`
 //! agreeing with the hub, and propagation latency.
 
 use std::time::{Duration, Instant};
@@ -10,7 +11,7 @@ use anyhow::{Context, Result};
 use bulkhead::api::ResourceBinding;
 use bulkhead_e2e::federation::{
     Federation, binding_condition, binding_replicas, config_maps, databases, deployments,
-    placement, policies, ready_at,
+    describe_binding, placement, policies, ready_at,
 };
 use bulkhead_e2e::hub_support::{bulkhead, path};
 use bulkhead_e2e::support::Partition;
@@ -42,6 +43,9 @@ fn weighted(east: i64, west: i64) -> Value {
             {"targetCluster": {"clusterNames": ["east"]}, "weight": east},
             {"targetCluster": {"clusterNames": ["west"]}, "weight": west}]}}})
 }
+
+/// The finalizer on templates and bindings that keeps them until member copies are gone.
+const CLEANUP_FINALIZER: &str = "federation.example.com/cleanup";
 
 async fn hub_writes(federation: &Federation) -> Result<f64> {
     federation
@@ -262,7 +266,16 @@ async fn a_weighted_database_runs_in_its_members_and_reports_back() -> Result<()
         .await?;
     federation.kill_hub();
     federation.start_hub()?;
-    tokio::time::sleep(Duration::from_secs(12)).await;
+    let restarted = Instant::now();
+    // Not a fixed sleep: wait until the new hub has read everything and decided over
+    // every template, then two more passes, so any write it was going to make is made.
+    federation
+        .wait_hub_synced(2, Duration::from_secs(120))
+        .await?;
+    eprintln!(
+        "the restarted hub was synced and had run two more passes {:?} after its start",
+        restarted.elapsed()
+    );
     let writes = hub_writes(&federation).await?;
     assert_eq!(
         writes, 0.0,
@@ -469,7 +482,9 @@ async fn duplicated_kinds_conflicts_and_cleanup_during_a_partition() -> Result<(
     // Deleting the Deployment while east is cut off: gone from west and north at once,
     // kept in east until the partition heals, then gone there too.
     let partition = Partition::start(&federation.lab, "east")?;
-    tokio::time::sleep(Duration::from_secs(6)).await; // east is Unreachable by now
+    federation
+        .wait_member_ready("east", false, Duration::from_secs(60))
+        .await?;
     federation
         .api("hub", &deployments())
         .delete("web", &DeleteParams::default())
@@ -523,6 +538,188 @@ async fn duplicated_kinds_conflicts_and_cleanup_during_a_partition() -> Result<(
 }
 
 #[tokio::test]
+async fn foreground_deletion_during_a_partition_keeps_the_pending_cleanup() -> Result<()> {
+    let federation = Federation::start("prop-fg", &[]).await?;
+    federation
+        .apply(
+            &policies(),
+            federation.policy(
+                "fg",
+                json!([{"apiVersion": "apps/v1", "kind": "Deployment", "name": "fg"}]),
+                json!({"clusterAffinity": {"clusterNames": ["east", "west", "north"]},
+                       "replicaScheduling": {"type": "Duplicated"}}),
+                json!({}),
+            ),
+        )
+        .await?;
+    federation
+        .apply(&deployments(), deployment("fg", 1, "nginx:1"))
+        .await?;
+    let copies = federation
+        .wait_copies(
+            &deployments(),
+            "fg",
+            "1 Ready replica in each member",
+            Duration::from_secs(90),
+            |c| ready_at(c, &[("east", 1), ("west", 1), ("north", 1)]),
+        )
+        .await?;
+    let east_uid = copies
+        .iter()
+        .find(|c| c.cluster == "east")
+        .map(|c| c.uid.clone())
+        .context("east's copy")?;
+    federation
+        .wait_binding(
+            "fg-deployment",
+            "Propagated, with the cleanup finalizer",
+            Duration::from_secs(30),
+            |b| {
+                (binding_condition(b, "Propagated")
+                    && b.finalizers().iter().any(|f| f == CLEANUP_FINALIZER))
+                .then_some(())
+            },
+        )
+        .await?;
+
+    // The scenario needs the garbage collector to delete the binding before the
+    // template; a lab just started may not track the kind yet.
+    federation
+        .wait_garbage_collector_tracks_bindings(Duration::from_secs(90))
+        .await?;
+
+    // Cut east off, and wait until the hub knows it.
+    let partition = Partition::start(&federation.lab, "east")?;
+    federation
+        .wait_member_ready("east", false, Duration::from_secs(60))
+        .await?;
+
+    // `kubectl delete --cascade=foreground`: the garbage collector deletes the template's
+    // dependents (the binding) before the template; the binding's own finalizer keeps the
+    // record of east's pending cleanup.
+    federation
+        .api("hub", &deployments())
+        .delete("fg", &DeleteParams::foreground())
+        .await?;
+    federation
+        .wait_copies_in(
+            &["west", "north"],
+            &deployments(),
+            "fg",
+            "gone from west and north",
+            Duration::from_secs(60),
+            |c| c.is_empty(),
+        )
+        .await?;
+    // The garbage collector deletes the binding (it has a deletionTimestamp, and stays
+    // for its finalizer) once it has seen the template's foreground deletion.
+    let binding = wait_for(
+        "binding fg-deployment being deleted, east's cleanup pending",
+        Duration::from_secs(60),
+        || async {
+            let template = match federation.api("hub", &deployments()).get_opt("fg").await {
+                Ok(template) => template.map(|t| {
+                    format!(
+                        "template deletionTimestamp {:?} finalizers {:?}",
+                        t.metadata.deletion_timestamp,
+                        t.finalizers()
+                    )
+                }),
+                Err(e) => return Check::Waiting(e.to_string()),
+            };
+            match federation.binding("fg-deployment").await {
+                Ok(Some(b)) => {
+                    let east_pending = b.status.as_ref().is_some_and(|s| {
+                        s.clusters
+                            .iter()
+                            .any(|r| r.name == "east" && r.pending_cleanup)
+                    });
+                    if b.metadata.deletion_timestamp.is_some() && east_pending {
+                        Check::Done(b)
+                    } else {
+                        Check::Waiting(format!(
+                            "{template:?}; binding deletionTimestamp {:?} finalizers {:?} {}",
+                            b.metadata.deletion_timestamp,
+                            b.finalizers(),
+                            describe_binding(&b)
+                        ))
+                    }
+                }
+                Ok(None) => Check::Waiting(format!("{template:?}; no binding")),
+                Err(e) => Check::Waiting(e.to_string()),
+            }
+        },
+    )
+    .await?;
+    let mut shown = binding.clone();
+    shown.metadata.managed_fields = None;
+    eprintln!(
+        "binding during the partition:\n{}",
+        serde_yaml::to_string(&shown)?
+    );
+    assert!(
+        binding.finalizers().iter().any(|f| f == CLEANUP_FINALIZER),
+        "the binding keeps its cleanup finalizer: {:?}",
+        binding.finalizers()
+    );
+    let template = federation
+        .api("hub", &deployments())
+        .get_opt("fg")
+        .await?
+        .context("the template must wait for east's cleanup")?;
+    assert!(template.metadata.deletion_timestamp.is_some());
+    assert!(
+        template.finalizers().iter().any(|f| f == CLEANUP_FINALIZER),
+        "the template's cleanup finalizer holds it: {:?}",
+        template.finalizers()
+    );
+    let east_copies = federation
+        .copies_in(&["east"], &deployments(), "fg")
+        .await?;
+    assert_eq!(
+        east_copies
+            .iter()
+            .map(|c| c.uid.as_str())
+            .collect::<Vec<_>>(),
+        [east_uid.as_str()],
+        "east's copy is still there (read inside its zone)"
+    );
+
+    // Heal: east's copy goes, then the template and the binding.
+    partition.heal()?;
+    federation
+        .wait_copies_in(
+            &["east"],
+            &deployments(),
+            "fg",
+            "gone from east after the heal",
+            Duration::from_secs(60),
+            |c| c.is_empty(),
+        )
+        .await?;
+    wait_for(
+        "the template and its binding to go",
+        Duration::from_secs(60),
+        || async {
+            let template = federation.api("hub", &deployments()).get_opt("fg").await;
+            let binding = federation.binding("fg-deployment").await;
+            match (template, binding) {
+                (Ok(None), Ok(None)) => Check::Done(()),
+                (Ok(template), Ok(binding)) => Check::Waiting(format!(
+                    "template finalizers {:?}, binding finalizers {:?}",
+                    template.map(|t| t.finalizers().to_vec()),
+                    binding.map(|b| b.finalizers().to_vec())
+                )),
+                (Err(e), _) => Check::Waiting(e.to_string()),
+                (_, Err(e)) => Check::Waiting(e.to_string()),
+            }
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
 async fn propagation_latency_of_a_burst_of_template_updates() -> Result<()> {
     let federation = Federation::start("prop-latency", &[]).await?;
     federation
@@ -557,6 +754,7 @@ async fn propagation_latency_of_a_burst_of_template_updates() -> Result<()> {
 
     // 50 changes at about 50/s; every member copy watched for each change.
     let mut watchers = vec![];
+    let mut listed = vec![];
     for (cluster, client) in &federation.members {
         let api = kube::Api::<kube::api::DynamicObject>::namespaced_with(
             client.clone(),
@@ -564,12 +762,14 @@ async fn propagation_latency_of_a_burst_of_template_updates() -> Result<()> {
             &config_maps(),
         );
         let cluster = cluster.clone();
+        let (initial_list_done, initial_list) = tokio::sync::oneshot::channel::<()>();
+        listed.push((cluster.clone(), initial_list));
         watchers.push(tokio::spawn(async move {
             use futures::StreamExt;
-            use kube::runtime::{WatchStreamExt, watcher};
+            use kube::runtime::watcher;
+            let mut initial_list_done = Some(initial_list_done);
             let mut seen = std::collections::HashMap::new();
-            let stream =
-                watcher(api, watcher::Config::default().labels("burst=yes")).applied_objects();
+            let stream = watcher(api, watcher::Config::default().labels("burst=yes"));
             futures::pin_mut!(stream);
             let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
             // Until the last round of every template arrived (a busy hub may fold two quick
@@ -578,9 +778,19 @@ async fn propagation_latency_of_a_burst_of_template_updates() -> Result<()> {
                 (0..TEMPLATES).all(|i| seen.contains_key(&(format!("burst-{i}"), ROUNDS)))
             };
             while !last_round(&seen) {
-                let Ok(Some(Ok(object))) = tokio::time::timeout_at(deadline, stream.next()).await
+                let Ok(Some(Ok(event))) = tokio::time::timeout_at(deadline, stream.next()).await
                 else {
                     break;
+                };
+                let object = match event {
+                    watcher::Event::Apply(object) | watcher::Event::InitApply(object) => object,
+                    watcher::Event::InitDone => {
+                        if let Some(done) = initial_list_done.take() {
+                            let _ = done.send(());
+                        }
+                        continue;
+                    }
+                    watcher::Event::Init | watcher::Event::Delete(_) => continue,
                 };
                 let name = kube::ResourceExt::name_any(&object);
                 let round: usize = object.data["data"]["round"]
@@ -594,7 +804,14 @@ async fn propagation_latency_of_a_burst_of_template_updates() -> Result<()> {
             (cluster, seen)
         }));
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Every watcher has its initial list before the first change is made, so none of
+    // the changes can be missed or timed from a late start.
+    for (cluster, initial_list) in listed {
+        tokio::time::timeout(Duration::from_secs(30), initial_list)
+            .await
+            .with_context(|| format!("the watch of {cluster}'s ConfigMaps never listed"))?
+            .with_context(|| format!("the watch of {cluster}'s ConfigMaps ended"))?;
+    }
     let mut changed_at = std::collections::HashMap::new();
     let started = Instant::now();
     for round in 1..=ROUNDS {

@@ -299,9 +299,11 @@ pub async fn run(options: &PlanOptions) -> anyhow::Result<()> {
         );
     }
     // From files, a MemberCluster without status has never been probed: assume Ready.
+    // A refused duplicate MemberCluster is not a cluster of its own.
     let views: Vec<ClusterView> = inputs
         .clusters
         .iter()
+        .filter(|c| !crate::hub::kinds::is_refused_duplicate(c))
         .map(|c| {
             if from_hub {
                 hub_cluster_view(c, &Default::default())

@@ -44,7 +44,7 @@ use crate::hub::aggregate::{
 };
 use crate::hub::copies::{MANAGED_BY, Ownership, binding_label, ownership};
 use crate::hub::copy_cache::CopyCaches;
-use crate::hub::kinds::{hub_cluster_view, is_divisible, is_stateful};
+use crate::hub::kinds::{hub_cluster_view, is_divisible, is_refused_duplicate, is_stateful};
 use crate::hub::matching::{PolicyCandidate, PolicyScope};
 use crate::hub::placement::ClusterView;
 use crate::hub::propagation::{self, MemberCopy, Plan, PlanInput};
@@ -547,6 +547,7 @@ async fn pass(context: &Arc<Context>, stores: &Stores, frozen: bool) -> bool {
         .members
         .state()
         .iter()
+        .filter(|m| !is_refused_duplicate(m))
         .map(|m| hub_cluster_view(m, &health))
         .collect();
     views.sort_by(|a, b| a.name.cmp(&b.name));

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::LABEL_MANAGED_BY;
 use crate::hub::copies::MANAGED_BY;
-use crate::hub::health::Health;
+use crate::hub::health::{FailureKind, Health};
 use crate::hub::prober::HealthBoard;
 use crate::hub::{Registry, tasks};
 
@@ -113,6 +113,23 @@ fn is_healthy(board: &HealthBoard, name: &str) -> bool {
         .is_some_and(|entry| entry.health == Health::Healthy)
 }
 
+/// Whether the member may be watched: its prober has judged it once (so a second
+/// MemberCluster for an already registered cluster is known before anything is read
+/// through it) and it is not such a refused duplicate. A duplicate's copies are the
+/// original's copies; reading them under a second name would make them look like copies
+/// of a removed placement.
+fn may_watch(board: &HealthBoard, name: &str) -> bool {
+    board.entries().get(name).is_some_and(|entry| {
+        !matches!(
+            entry.health,
+            Health::Unhealthy {
+                kind: FailureKind::DuplicateCluster,
+                ..
+            }
+        )
+    })
+}
+
 /// Watches one member; restarts its watches when its credentials change or it turns
 /// healthy again after a failure.
 async fn watch_member(
@@ -141,6 +158,14 @@ async fn watch_member(
                 _ = registry_changes.changed() => continue,
             }
         };
+        if !may_watch(&board, &name) {
+            caches.set(&name, None);
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = registry_changes.changed() => continue,
+                _ = board_changes.changed() => continue,
+            }
+        }
         let (copies, mut events) = start_watches(&client, &kinds);
         caches.set(&name, Some(Arc::new(copies)));
         let mut was_healthy = is_healthy(&board, &name);
@@ -158,6 +183,10 @@ async fn watch_member(
                 }
                 changed = board_changes.changed() => {
                     if changed.is_err() { break 'connect }
+                    if !may_watch(&board, &name) {
+                        tracing::warn!(member = %name, "member refused as a duplicate; its copies are no longer read");
+                        continue 'connect;
+                    }
                     let healthy = is_healthy(&board, &name);
                     let recovered = healthy && !was_healthy;
                     was_healthy = healthy;

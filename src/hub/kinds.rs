@@ -55,6 +55,17 @@ pub fn cluster_view(cluster: &MemberCluster, assume_ready: bool) -> ClusterView 
     }
 }
 
+/// A MemberCluster the hub refuses because another one, registered earlier, points at
+/// the same cluster (`Ready=False, reason=DuplicateCluster`). Federation treats it as not
+/// joined at all: no placement, no copies read or written through it.
+pub fn is_refused_duplicate(cluster: &MemberCluster) -> bool {
+    cluster
+        .status
+        .as_ref()
+        .and_then(|s| find_condition(&s.conditions, "Ready"))
+        .is_some_and(|c| c.status == "False" && c.reason == "DuplicateCluster")
+}
+
 /// What placement sees of a MemberCluster on the hub, where the hub's own taints must say
 /// exactly what the Ready condition says. The prober writes the condition and the taint
 /// in two requests, so for a moment one may lag the other; a Ready cluster's stale hub
