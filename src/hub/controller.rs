@@ -9,7 +9,7 @@
 //! every few seconds (every second while a member is unhealthy, so tolerations expire on
 //! time). A pass writes only what differs from what the hub last saw or wrote.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -667,11 +667,28 @@ async fn release_bindings(context: &Context, stores: &Stores) {
     }
 }
 
-/// Forgets what the hub remembered about templates and bindings that are gone.
-fn prune(context: &Context, stores: &Stores) {
-    let mut uids = std::collections::HashSet::new();
-    let mut keys = std::collections::HashSet::new();
-    for (resource, store) in &stores.templates {
+/// Key of a binding in [`Context::failovers`].
+fn binding_key(namespace: &str, binding: &str) -> String {
+    format!("{namespace}/{binding}")
+}
+
+/// Key of a binding's status in [`Context::written`] and [`Context::converging`].
+fn binding_status_key(namespace: &str, binding: &str) -> String {
+    format!("binding-status/{namespace}/{binding}")
+}
+
+/// Key of a template's status in [`Context::written`] and [`Context::converging`].
+fn template_status_key(kind: &str, namespace: &str, name: &str) -> String {
+    format!("template-status/{kind}/{namespace}/{name}")
+}
+
+/// The UIDs and map keys of every template the stores hold.
+fn live_keys(
+    templates: &[(ApiResource, Store<DynamicObject>)],
+) -> (HashSet<String>, HashSet<String>) {
+    let mut uids = HashSet::new();
+    let mut keys = HashSet::new();
+    for (resource, store) in templates {
         for template in store.state() {
             let namespace = template.namespace().unwrap_or_default();
             let name = template.name_any();
@@ -679,14 +696,17 @@ fn prune(context: &Context, stores: &Stores) {
                 uids.insert(uid);
             }
             let binding = binding_name(&name, &resource.kind);
-            keys.insert(format!("binding-status/{namespace}/{binding}"));
-            keys.insert(format!("{namespace}/{binding}"));
-            keys.insert(format!(
-                "template-status/{}/{namespace}/{name}",
-                resource.kind
-            ));
+            keys.insert(binding_status_key(&namespace, &binding));
+            keys.insert(binding_key(&namespace, &binding));
+            keys.insert(template_status_key(&resource.kind, &namespace, &name));
         }
     }
+    (uids, keys)
+}
+
+/// Forgets what the hub remembered about templates and bindings that are gone.
+fn prune(context: &Context, stores: &Stores) {
+    let (uids, keys) = live_keys(&stores.templates);
     context
         .generations
         .lock()
@@ -722,7 +742,7 @@ async fn reconcile_template(
 ) -> TemplateReport {
     let namespace = template.namespace().unwrap_or_default();
     let name = template.name_any();
-    let key = format!("{namespace}/{}", binding_name(&name, &resource.kind));
+    let key = binding_key(&namespace, &binding_name(&name, &resource.kind));
     let has_finalizer = template.finalizers().iter().any(|f| f == FINALIZER_CLEANUP);
 
     if template.metadata.deletion_timestamp.is_some() {
@@ -1251,7 +1271,7 @@ async fn write_status(
             .await;
     }
     if let Some(binding) = job.binding {
-        let key = format!("binding-status/{namespace}/{}", binding.name_any());
+        let key = binding_status_key(&namespace, &binding.name_any());
         // Newly fenced placements get an Event.
         for row in rows.iter().filter(|r| r.fenced) {
             if !previous_rows.iter().any(|p| p.name == row.name && p.fenced) {
@@ -1323,7 +1343,7 @@ async fn write_status(
         let healthy = conditions
             .iter()
             .any(|c| c.type_ == "Healthy" && c.status == "True");
-        let binding_key = format!("{namespace}/{}", binding.name_any());
+        let binding_key = binding_key(&namespace, &binding.name_any());
         let tainted = if healthy {
             context
                 .failovers
@@ -1386,11 +1406,7 @@ async fn write_template_status(
         return;
     }
     let namespace = job.template.namespace().unwrap_or_default();
-    let key = format!(
-        "template-status/{}/{namespace}/{}",
-        job.resource.kind,
-        job.template.name_any()
-    );
+    let key = template_status_key(&job.resource.kind, &namespace, &job.template.name_any());
     let payload = json!({"status": status});
     if context.defer_status(&key, converged) {
         return;
@@ -1587,5 +1603,36 @@ async fn delete_copy(
             Outcome::Done
         }
         Err(error) => Outcome::Failed(format!("delete failed in {cluster}: {}", short(&error))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_maps_keep_live_templates_and_forget_deleted_ones() {
+        let deployments =
+            crate::hub::scheduler::resource("apps", "v1", "Deployment", "deployments");
+        let mut writer = reflector::store::Writer::<DynamicObject>::new(deployments.clone());
+        let web: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "shop", "uid": "u-web"}
+        }))
+        .unwrap();
+        writer.apply_watcher_event(&watcher::Event::Apply(web));
+        let templates = vec![(deployments, writer.as_reader())];
+        let (uids, keys) = live_keys(&templates);
+        assert!(uids.contains("u-web") && !uids.contains("u-gone"));
+        let binding = binding_name("web", "Deployment");
+        for key in [
+            binding_key("shop", &binding),
+            binding_status_key("shop", &binding),
+            template_status_key("Deployment", "shop", "web"),
+        ] {
+            assert!(keys.contains(&key), "{key}");
+        }
+        assert!(!keys.contains(&binding_status_key("shop", "gone-deployment")));
+        assert!(!keys.contains(&template_status_key("Deployment", "other", "web")));
     }
 }
