@@ -17,7 +17,7 @@ use bulkhead_e2e::{Check, wait_for};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 
 const CLUSTER: &str = "north";
 
@@ -216,47 +216,94 @@ async fn lifecycle_create_scale_upgrade_heal_and_delete() -> Result<()> {
     )
     .await?;
 
-    // Deleting the database removes everything, volumes included.
+    // Deleting the database removes its children; its volumes stay (reclaimPolicy
+    // Retain, the default), marked released.
     api.delete("orders", &DeleteParams::default()).await?;
     wait_for(
-        "MyDatabase, children and volumes gone",
+        "MyDatabase and children gone, the 5 claims kept and released",
         Duration::from_secs(60),
         || async {
-            let db = api.get_opt("orders").await.ok().flatten().is_some();
-            let sts = statefulsets
-                .get_opt("orders")
-                .await
-                .ok()
-                .flatten()
-                .is_some();
-            let svc = services
-                .list(&ListParams::default().labels("example.com/database=orders"))
-                .await
-                .map(|l| l.items.len())
-                .unwrap_or(99);
-            let cm = Api::<ConfigMap>::namespaced(client.clone(), ns)
-                .get_opt("orders-config")
-                .await
-                .ok()
-                .flatten()
-                .is_some();
-            let pvc = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns)
-                .list(&ListParams::default().labels("example.com/database=orders"))
-                .await
-                .map(|l| l.items.len())
-                .unwrap_or(99);
-            if !db && !sts && svc == 0 && !cm && pvc == 0 {
-                Check::Done(())
-            } else {
-                Check::Waiting(format!(
-                    "db {db}, sts {sts}, services {svc}, configmap {cm}, pvcs {pvc}"
-                ))
+            match leftovers(&client, ns, "orders").await {
+                Ok(left) if left.children_gone() && left.claims == 5 && left.released == 5 => {
+                    Check::Done(())
+                }
+                Ok(left) => Check::Waiting(format!("{left:?}")),
+                Err(e) => Check::Waiting(e.to_string()),
+            }
+        },
+    )
+    .await
+    .with_context(|| format!("agent log:\n{}", agent.log_tail()))?;
+
+    // With reclaimPolicy Delete, a user deleting the database deletes its volumes too.
+    let mut ledger = database("ledger", 1, "14")?;
+    ledger.spec.storage.reclaim_policy = bulkhead::api::mydatabase::ReclaimPolicy::Delete;
+    api.create(&PostParams::default(), &ledger).await?;
+    wait_phase(&client, ns, "ledger", DatabasePhase::Ready, 1, &agent).await?;
+    api.delete("ledger", &DeleteParams::default()).await?;
+    wait_for(
+        "MyDatabase, children and volumes gone (reclaimPolicy Delete)",
+        Duration::from_secs(60),
+        || async {
+            match leftovers(&client, ns, "ledger").await {
+                Ok(left) if left.children_gone() && left.claims == 0 => Check::Done(()),
+                Ok(left) => Check::Waiting(format!("{left:?}")),
+                Err(e) => Check::Waiting(e.to_string()),
             }
         },
     )
     .await
     .with_context(|| format!("agent log:\n{}", agent.log_tail()))?;
     Ok(())
+}
+
+/// What is left of a deleted database in the namespace.
+#[derive(Debug)]
+struct Leftovers {
+    database: bool,
+    statefulset: bool,
+    services: usize,
+    config_map: bool,
+    claims: usize,
+    released: usize,
+}
+
+impl Leftovers {
+    fn children_gone(&self) -> bool {
+        !self.database && !self.statefulset && self.services == 0 && !self.config_map
+    }
+}
+
+async fn leftovers(client: &Client, ns: &str, name: &str) -> Result<Leftovers> {
+    let selector = format!("example.com/database={name}");
+    let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(&selector))
+        .await?;
+    Ok(Leftovers {
+        database: Api::<MyDatabase>::namespaced(client.clone(), ns)
+            .get_opt(name)
+            .await?
+            .is_some(),
+        statefulset: Api::<StatefulSet>::namespaced(client.clone(), ns)
+            .get_opt(name)
+            .await?
+            .is_some(),
+        services: Api::<Service>::namespaced(client.clone(), ns)
+            .list(&ListParams::default().labels(&selector))
+            .await?
+            .items
+            .len(),
+        config_map: Api::<ConfigMap>::namespaced(client.clone(), ns)
+            .get_opt(&format!("{name}-config"))
+            .await?
+            .is_some(),
+        released: claims
+            .items
+            .iter()
+            .filter(|c| c.labels().get("example.com/released").map(String::as_str) == Some("true"))
+            .count(),
+        claims: claims.items.len(),
+    })
 }
 
 #[tokio::test]
