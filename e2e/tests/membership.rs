@@ -1067,3 +1067,119 @@ async fn the_hub_refuses_a_second_member_cluster_for_the_same_cluster() -> Resul
     }
     Ok(())
 }
+
+/// The token the hub holds for `member`, read from its Secret on the hub.
+async fn stored_token(hub: &Client, member: &str) -> Result<String> {
+    let secret = Api::<Secret>::namespaced(hub.clone(), "bulkhead-system")
+        .get(&format!("member-{member}"))
+        .await?;
+    let text = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("kubeconfig"))
+        .map(|b| String::from_utf8_lossy(&b.0).to_string())
+        .context("no kubeconfig in the Secret")?;
+    bulkhead::hub::tokens::kubeconfig_token(&text).context("no token in the kubeconfig")
+}
+
+#[tokio::test]
+async fn the_hub_renews_its_member_token_before_it_expires() -> Result<()> {
+    use bulkhead_e2e::federation::Federation;
+
+    // Renew after 1% of a token's lifetime: a 600 s token (the shortest a member
+    // grants) is renewed after 6 s; the others (one year) are left alone.
+    let federation = Federation::start(
+        "membership-token",
+        &[
+            "--token-check-interval",
+            "1s",
+            "--token-renew-fraction",
+            "0.01",
+        ],
+    )
+    .await?;
+    let hub = federation.hub.clone();
+    let west_before = stored_token(&hub, "west").await?;
+    let output = bulkhead_e2e::hub_support::join(
+        &federation.lab,
+        "east",
+        "zone-a",
+        "region-1",
+        &[
+            "--probe-interval-seconds",
+            "1",
+            "--probe-timeout-seconds",
+            "1",
+            "--token-expiration-seconds",
+            "600",
+        ],
+    )?;
+    anyhow::ensure!(
+        output.status.success(),
+        "re-join east with a 600 s token failed"
+    );
+    let short = stored_token(&hub, "east").await?;
+    let lifetime = bulkhead::hub::tokens::token_lifetime(&short).context("a JWT")?;
+    assert!(lifetime.seconds() <= 3600, "{lifetime:?}");
+
+    let started = Instant::now();
+    let members = Api::<MemberCluster>::all(hub.clone());
+    let renewed = wait_for(
+        "east's token renewed by the hub",
+        Duration::from_secs(90),
+        || async {
+            let token = match stored_token(&hub, "east").await {
+                Ok(token) => token,
+                Err(e) => return Check::Waiting(e.to_string()),
+            };
+            let condition = members.get("east").await.ok().and_then(|m| {
+                m.status
+                    .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == "TokenRenewal"))
+            });
+            match condition {
+                Some(c)
+                    if token != short && c.status == "True" && c.message.contains("renewed") =>
+                {
+                    Check::Done((token, c.message))
+                }
+                other => Check::Waiting(format!(
+                    "token changed: {}, condition {:?}",
+                    token != short,
+                    other.map(|c| (c.status, c.reason, c.message))
+                )),
+            }
+        },
+    )
+    .await?;
+    eprintln!(
+        "east's token renewed {:?} after the short one was stored: {}",
+        started.elapsed(),
+        renewed.1
+    );
+    let new_lifetime = bulkhead::hub::tokens::token_lifetime(&renewed.0).context("a JWT")?;
+    eprintln!("short token {lifetime:?}, renewed {new_lifetime:?}");
+    assert!(
+        new_lifetime.expires_at > lifetime.expires_at,
+        "a later expiry"
+    );
+    assert!(
+        new_lifetime.seconds() <= lifetime.seconds() + 60,
+        "the same lifetime was asked for: {lifetime:?} -> {new_lifetime:?}"
+    );
+    // The member stays Ready on the renewed token (the registry rebuilt its clients).
+    federation
+        .wait_members_ready(Duration::from_secs(30))
+        .await?;
+    assert!(
+        federation
+            .hub_counter("bulkhead_member_token_renewals_total", "")
+            .await?
+            >= 1.0
+    );
+    assert_eq!(
+        stored_token(&hub, "west").await?,
+        west_before,
+        "a token far from its renewal time is left alone"
+    );
+    Ok(())
+}

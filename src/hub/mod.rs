@@ -75,6 +75,9 @@ pub struct HubOptions {
     /// a third of its lifetime is left).
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub token_check_interval: Duration,
+    /// Share of a member token's lifetime after which the hub renews it (0 to 1).
+    #[arg(long, default_value_t = tokens::DEFAULT_RENEW_FRACTION)]
+    pub token_renew_fraction: f64,
     /// Failover evictions allowed per second, over all bindings (a token bucket with a
     /// burst of one second's worth). Each binding that moves replicas off a failed cluster
     /// takes one; the others wait for the next pass.
@@ -149,6 +152,15 @@ impl Default for HubState {
 
 /// Runs the hub until SIGTERM.
 pub async fn run(options: HubOptions) -> Result<()> {
+    if !(0.0..=1.0).contains(&options.token_renew_fraction) {
+        return Err(crate::Error::InvalidOption {
+            option: "--token-renew-fraction".into(),
+            reason: format!(
+                "{} must be between 0 and 1 (the share of a token's lifetime after which it is renewed)",
+                options.token_renew_fraction
+            ),
+        });
+    }
     if !(options.eviction_rate.is_finite() && options.eviction_rate > 0.0) {
         return Err(crate::Error::InvalidOption {
             option: "--eviction-rate".into(),
@@ -259,6 +271,7 @@ pub async fn run_membership(
         metrics: hub_metrics.clone(),
         recorder: recorder.clone(),
         check_interval: options.token_check_interval,
+        renew_fraction: options.token_renew_fraction,
     };
     let token_tasks = tokio::spawn(tasks::per_member(
         state.registry.clone(),

@@ -29,6 +29,10 @@ pub const HUB_ACCOUNT: &str = "bulkhead-hub";
 pub const FIELD_MANAGER: &str = "bulkhead-hub-tokens";
 /// The condition this task owns.
 pub const CONDITION: &str = "TokenRenewal";
+/// How a renewal's message begins.
+const RENEWED: &str = "the hub renewed its token";
+/// Share of a token's lifetime after which the hub renews it.
+pub const DEFAULT_RENEW_FRACTION: f64 = 2.0 / 3.0;
 
 /// When a token was issued and when it expires (Unix seconds), from its JWT claims.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,9 +47,15 @@ impl TokenLifetime {
         (self.expires_at - self.issued_at).max(0)
     }
 
-    /// Renew once less than a third of the lifetime is left.
-    pub fn renew_at(&self) -> i64 {
-        self.expires_at - self.seconds() / 3
+    /// Renew once `fraction` of the lifetime has passed (the default
+    /// [`DEFAULT_RENEW_FRACTION`]: two thirds, so a third is left).
+    pub fn renew_at(&self, fraction: f64) -> i64 {
+        let fraction = if fraction.is_finite() {
+            fraction.clamp(0.0, 1.0)
+        } else {
+            DEFAULT_RENEW_FRACTION
+        };
+        self.issued_at + (self.seconds() as f64 * fraction) as i64
     }
 }
 
@@ -104,6 +114,8 @@ pub struct TokenContext {
     pub recorder: Recorder,
     /// How often the task looks at the token.
     pub check_interval: Duration,
+    /// Share of the lifetime after which a token is renewed.
+    pub renew_fraction: f64,
 }
 
 /// Watches and renews one member's token until `cancel`.
@@ -125,12 +137,12 @@ pub async fn renew_member_token(context: TokenContext, name: String, cancel: Can
                 .token_expiry
                 .get_or_create(&labels)
                 .set(lifetime.expires_at - now);
-            let outcome = if now >= lifetime.renew_at() {
+            let renew_at = lifetime.renew_at(context.renew_fraction);
+            let outcome = if now >= renew_at {
                 match renew(&context, &handle.object, connection, lifetime).await {
-                    Ok(expires) => Some((
-                        true,
-                        format!("the hub renewed its token; the new one expires at {expires}"),
-                    )),
+                    Ok(expires) => {
+                        Some((true, format!("{RENEWED}; the new one expires at {expires}")))
+                    }
                     Err(error) => Some((
                         false,
                         format!(
@@ -149,16 +161,20 @@ pub async fn renew_member_token(context: TokenContext, name: String, cancel: Can
                         jiff::Timestamp::from_second(lifetime.expires_at)
                             .map(|t| t.to_string())
                             .unwrap_or_default(),
-                        jiff::Timestamp::from_second(lifetime.renew_at())
+                        jiff::Timestamp::from_second(renew_at)
                             .map(|t| t.to_string())
                             .unwrap_or_default()
                     ),
                 ))
             };
             if let Some((ok, message)) = outcome {
-                let changed = reported
-                    .as_ref()
-                    .is_none_or(|(was_ok, was)| *was_ok != ok || (was != &message && !ok));
+                // A new verdict, a new failure text, or a renewal (rare: once per two
+                // thirds of a lifetime) is news; "still fine, expires at ..." is not.
+                let renewed = ok && message.starts_with(RENEWED);
+                let changed = renewed
+                    || reported
+                        .as_ref()
+                        .is_none_or(|(was_ok, was)| *was_ok != ok || (was != &message && !ok));
                 if changed {
                     report(&context, &handle.object, ok, &message).await;
                     reported = Some((ok, message));
@@ -248,7 +264,7 @@ async fn report(context: &TokenContext, member: &MemberCluster, ok: bool, messag
     {
         tracing::warn!(member = %name, %error, "cannot write the TokenRenewal condition");
     }
-    if !ok || message.starts_with("the hub renewed") {
+    if !ok || message.starts_with(RENEWED) {
         let event = Event {
             type_: if ok {
                 EventType::Normal
@@ -295,7 +311,9 @@ mod tests {
         let token = jwt(serde_json::json!({"iat": 1_000, "exp": 31_000, "sub": "x"}));
         let lifetime = token_lifetime(&token).unwrap();
         assert_eq!(lifetime.seconds(), 30_000);
-        assert_eq!(lifetime.renew_at(), 21_000);
+        assert_eq!(lifetime.renew_at(DEFAULT_RENEW_FRACTION), 21_000);
+        assert_eq!(lifetime.renew_at(0.5), 16_000);
+        assert_eq!(lifetime.renew_at(f64::NAN), 21_000);
         assert_eq!(token_lifetime("not-a-jwt"), None);
         assert_eq!(
             token_lifetime(&jwt(serde_json::json!({"sub": "static"}))),
