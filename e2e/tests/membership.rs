@@ -729,6 +729,168 @@ async fn join_can_install_the_agent_and_unjoin_removes_it() -> Result<()> {
     Api::<ClusterRoleBinding>::all(member.clone())
         .get("bulkhead-agent")
         .await?;
+    // What the member itself says the two accounts may do (docs/clusters.md, "Permissions
+    // in a member"): what the code needs is allowed, anything wider is not.
+    let hub_account = "system:serviceaccount:bulkhead-system:bulkhead-hub";
+    let agent_account = "system:serviceaccount:bulkhead-system:bulkhead-agent";
+    for (user, verb, group, resource, namespace, name, allowed) in [
+        (
+            hub_account,
+            "patch",
+            "apps",
+            "deployments",
+            "shop",
+            "",
+            true,
+        ),
+        (
+            hub_account,
+            "create",
+            "apps",
+            "deployments",
+            "shop",
+            "",
+            true,
+        ),
+        (hub_account, "delete", "", "secrets", "shop", "", true),
+        (hub_account, "create", "", "namespaces", "", "", true),
+        (
+            hub_account,
+            "get",
+            "",
+            "namespaces",
+            "",
+            "kube-system",
+            true,
+        ),
+        (hub_account, "list", "", "nodes", "", "", true),
+        (
+            hub_account,
+            "patch",
+            "coordination.k8s.io",
+            "leases",
+            "bulkhead-system",
+            "bulkhead-hub",
+            true,
+        ),
+        (
+            hub_account,
+            "update",
+            "apps",
+            "deployments",
+            "shop",
+            "",
+            false,
+        ),
+        (hub_account, "get", "", "namespaces", "", "default", false),
+        (hub_account, "delete", "", "namespaces", "", "shop", false),
+        (hub_account, "get", "", "nodes", "", "", false),
+        (
+            hub_account,
+            "patch",
+            "coordination.k8s.io",
+            "leases",
+            "kube-node-lease",
+            "",
+            false,
+        ),
+        (
+            hub_account,
+            "get",
+            "rbac.authorization.k8s.io",
+            "clusterroles",
+            "",
+            "",
+            false,
+        ),
+        (
+            agent_account,
+            "patch",
+            "apps",
+            "statefulsets",
+            "shop",
+            "",
+            true,
+        ),
+        (
+            agent_account,
+            "delete",
+            "",
+            "persistentvolumeclaims",
+            "shop",
+            "",
+            true,
+        ),
+        (
+            agent_account,
+            "patch",
+            "example.com",
+            "mydatabases",
+            "shop",
+            "",
+            true,
+        ),
+        (
+            agent_account,
+            "delete",
+            "apps",
+            "statefulsets",
+            "shop",
+            "",
+            false,
+        ),
+        (agent_account, "update", "", "services", "shop", "", false),
+        (
+            agent_account,
+            "deletecollection",
+            "",
+            "persistentvolumeclaims",
+            "shop",
+            "",
+            false,
+        ),
+        (
+            agent_account,
+            "delete",
+            "example.com",
+            "mydatabases",
+            "shop",
+            "",
+            false,
+        ),
+        (agent_account, "get", "", "secrets", "shop", "", false),
+    ] {
+        let review = k8s_openapi::api::authorization::v1::SubjectAccessReview {
+            spec: k8s_openapi::api::authorization::v1::SubjectAccessReviewSpec {
+                user: Some(user.into()),
+                groups: Some(vec![
+                    "system:serviceaccounts".into(),
+                    "system:authenticated".into(),
+                ]),
+                resource_attributes: Some(
+                    k8s_openapi::api::authorization::v1::ResourceAttributes {
+                        verb: Some(verb.into()),
+                        group: Some(group.into()),
+                        resource: Some(resource.into()),
+                        namespace: (!namespace.is_empty()).then(|| namespace.into()),
+                        name: (!name.is_empty()).then(|| name.into()),
+                        ..Default::default()
+                    },
+                ),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let answer =
+            Api::<k8s_openapi::api::authorization::v1::SubjectAccessReview>::all(member.clone())
+                .create(&PostParams::default(), &review)
+                .await?;
+        let granted = answer.status.is_some_and(|s| s.allowed);
+        assert_eq!(
+            granted, allowed,
+            "{user} {verb} {group}/{resource} in {namespace:?} named {name:?}"
+        );
+    }
     // kwok runs no containers but plays the kubelet: the Deployment becomes available.
     wait_for(
         "agent Deployment available",

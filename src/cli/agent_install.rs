@@ -50,27 +50,27 @@ pub fn service_account() -> ServiceAccount {
     }
 }
 
-/// What the agent may do: run MyDatabases (and their children), delete their volumes,
-/// record Events, and read the hub's fencing Lease. Nothing else.
+/// What the agent may do: run MyDatabases (and their children), release or delete their
+/// volumes, record Events, and read the hub's fencing Lease. Nothing else; see the table
+/// in docs/clusters.md (a test compares the two).
 pub fn cluster_role() -> ClusterRole {
-    const WRITE: &[&str] = &[
-        "get", "list", "watch", "create", "update", "patch", "delete",
-    ];
+    // Children are written by server-side apply (patch, and create for a new object)
+    // and go with their owner through the garbage collector: no update, no delete.
+    const APPLY: &[&str] = &["get", "list", "watch", "create", "patch"];
     ClusterRole {
         metadata: meta(false),
         rules: Some(vec![
+            // patch: the finalizer (kube-runtime's helper patches metadata.finalizers).
             rule(
                 &["example.com"],
                 &["mydatabases"],
-                &["get", "list", "watch", "update", "patch"],
+                &["get", "list", "watch", "patch"],
             ),
-            rule(
-                &["example.com"],
-                &["mydatabases/status", "mydatabases/finalizers"],
-                &["get", "update", "patch"],
-            ),
-            rule(&["apps"], &["statefulsets"], WRITE),
-            rule(&[""], &["services", "configmaps"], WRITE),
+            rule(&["example.com"], &["mydatabases/status"], &["patch"]),
+            // update on finalizers: children carry blockOwnerDeletion owner references.
+            rule(&["example.com"], &["mydatabases/finalizers"], &["update"]),
+            rule(&["apps"], &["statefulsets"], APPLY),
+            rule(&[""], &["services", "configmaps"], APPLY),
             rule(
                 &[""],
                 &["persistentvolumeclaims"],

@@ -401,42 +401,84 @@ fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
 }
 
 /// The cluster-wide permissions of the hub's service account in a member: what
-/// propagation, status aggregation and capacity need, nothing more.
+/// propagation, status aggregation, identity and capacity need, nothing more; see the
+/// table in docs/clusters.md (a test compares the two). Kubernetes RBAC cannot exclude
+/// namespaces from a ClusterRole, so the propagated kinds are writable in every namespace
+/// (the hub itself never writes to `kube-*` or `bulkhead-system`); and it cannot limit
+/// `create` by name, so any namespace may be created.
 pub fn hub_cluster_role() -> ClusterRole {
-    const WRITE: &[&str] = &[
-        "get", "list", "watch", "create", "update", "patch", "delete",
-    ];
+    // Copies are written by server-side apply (patch, and create for a new object),
+    // read for conflicts (get), watched (list, watch) and deleted: no update.
+    const COPIES: &[&str] = &["get", "list", "watch", "create", "patch", "delete"];
     ClusterRole {
         metadata: meta(HUB_ACCOUNT, None),
         rules: Some(vec![
-            rule(&[""], &["namespaces"], &["get", "list", "create"]),
-            rule(&["apps"], &["deployments", "statefulsets"], WRITE),
-            rule(&[""], &["configmaps", "secrets", "services"], WRITE),
-            rule(&["example.com"], &["mydatabases"], WRITE),
-            rule(&[""], &["nodes", "pods"], &["get", "list", "watch"]),
+            // The cluster's identity (duplicate MemberClusters are refused by it).
+            PolicyRule {
+                resource_names: Some(vec!["kube-system".to_string()]),
+                ..rule(&[""], &["namespaces"], &["get"])
+            },
+            // Namespaces of copies, created on demand.
+            rule(&[""], &["namespaces"], &["create"]),
+            rule(&["apps"], &["deployments", "statefulsets"], COPIES),
+            rule(&[""], &["configmaps", "secrets", "services"], COPIES),
+            rule(&["example.com"], &["mydatabases"], COPIES),
+            // Capacity: one list of each.
+            rule(&[""], &["nodes", "pods"], &["list"]),
         ]),
         ..Default::default()
     }
 }
 
-/// The hub's permissions inside `bulkhead-system`: renewing the fencing Lease, and
-/// minting new tokens for its own service account (only that one) before the one it
-/// holds expires.
+/// The hub's permissions inside `bulkhead-system`: renewing the fencing Lease (applied:
+/// patch, and create the first time), and minting new tokens for its own service account
+/// (only that one) before the one it holds expires.
 pub fn hub_lease_role() -> Role {
     Role {
         metadata: meta(HUB_ACCOUNT, Some(SYSTEM_NAMESPACE)),
         rules: Some(vec![
-            rule(
-                &["coordination.k8s.io"],
-                &["leases"],
-                &["get", "create", "update", "patch"],
-            ),
+            rule(&["coordination.k8s.io"], &["leases"], &["create", "patch"]),
             PolicyRule {
                 resource_names: Some(vec![HUB_ACCOUNT.to_string()]),
                 ..rule(&[""], &["serviceaccounts/token"], &["create"])
             },
         ]),
     }
+}
+
+/// A Markdown table of RBAC rules, as docs/clusters.md lists them (a test keeps the two
+/// equal, so any widening must be documented).
+pub fn rules_table(rules: &[PolicyRule]) -> String {
+    let mut out = String::from("| API group | resources | names | verbs |\n|---|---|---|---|\n");
+    for rule in rules {
+        let join = |items: &Option<Vec<String>>| items.as_deref().unwrap_or_default().join(", ");
+        let groups: Vec<String> = rule
+            .api_groups
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .map(|g| {
+                if g.is_empty() {
+                    "core".to_string()
+                } else {
+                    g.clone()
+                }
+            })
+            .collect();
+        let names = join(&rule.resource_names);
+        out.push_str(&format!(
+            "| {} | {} | {} | {} |\n",
+            groups.join(", "),
+            join(&rule.resources),
+            if names.is_empty() {
+                "any".to_string()
+            } else {
+                names
+            },
+            rule.verbs.join(", ")
+        ));
+    }
+    out
 }
 
 fn hub_subject() -> Subject {
@@ -979,11 +1021,39 @@ mod tests {
             .iter()
             .find(|r| r.resources.as_ref().unwrap().contains(&"nodes".to_string()))
             .unwrap();
-        assert_eq!(read_only.verbs, ["get", "list", "watch"]);
+        assert_eq!(read_only.verbs, ["list"]);
+        assert!(
+            rules
+                .iter()
+                .all(|r| !r.verbs.contains(&"update".to_string())),
+            "server-side apply needs no update"
+        );
         let lease = hub_lease_role();
         assert_eq!(lease.metadata.namespace.as_deref(), Some(SYSTEM_NAMESPACE));
         let lease_rules = lease.rules.unwrap();
         assert_eq!(lease_rules[0].resources.as_ref().unwrap(), &["leases"]);
+    }
+
+    #[test]
+    fn the_docs_list_exactly_these_permissions() {
+        let docs = include_str!("../../docs/clusters.md");
+        for (what, rules) in [
+            ("the hub's ClusterRole", hub_cluster_role().rules.unwrap()),
+            (
+                "the hub's Role in bulkhead-system",
+                hub_lease_role().rules.unwrap(),
+            ),
+            (
+                "the agent's ClusterRole",
+                super::super::agent_install::cluster_role().rules.unwrap(),
+            ),
+        ] {
+            let table = rules_table(&rules);
+            assert!(
+                docs.contains(&table),
+                "docs/clusters.md must list {what} exactly:\n{table}"
+            );
+        }
     }
 
     #[test]
