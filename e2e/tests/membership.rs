@@ -891,6 +891,30 @@ async fn join_can_install_the_agent_and_unjoin_removes_it() -> Result<()> {
             "{user} {verb} {group}/{resource} in {namespace:?} named {name:?}"
         );
     }
+    // And the whole list, as the hub's own token sees it: every rule the member reports
+    // for it is one the code grants (docs/clusters.md renders the same rules), and every
+    // granted rule is there. Any widening fails here.
+    let effective = hub_effective_rules(&hub, "north", "bulkhead-system").await?;
+    let mut granted = expand(
+        &bulkhead::cli::join::hub_cluster_role()
+            .rules
+            .unwrap_or_default(),
+    );
+    granted.extend(expand(
+        &bulkhead::cli::join::hub_lease_role()
+            .rules
+            .unwrap_or_default(),
+    ));
+    granted.extend(basic_user());
+    assert_same_permissions("the hub", &effective, &granted);
+    let effective = agent_effective_rules(&lab, &member, "north", "shop").await?;
+    let mut granted = expand(
+        &bulkhead::cli::agent_install::cluster_role()
+            .rules
+            .unwrap_or_default(),
+    );
+    granted.extend(basic_user());
+    assert_same_permissions("the agent", &effective, &granted);
     // kwok runs no containers but plays the kubelet: the Deployment becomes available.
     wait_for(
         "agent Deployment available",
@@ -1344,4 +1368,150 @@ async fn the_hub_renews_its_member_token_before_it_expires() -> Result<()> {
         "a token far from its renewal time is left alone"
     );
     Ok(())
+}
+
+/// (group, resource, name, verb), one per permission a rule grants.
+type Permission = (String, String, String, String);
+
+fn expand(
+    rules: &[k8s_openapi::api::rbac::v1::PolicyRule],
+) -> std::collections::BTreeSet<Permission> {
+    let mut out = std::collections::BTreeSet::new();
+    for rule in rules {
+        let names = rule.resource_names.clone().unwrap_or_default();
+        let names = if names.is_empty() {
+            vec![String::new()]
+        } else {
+            names
+        };
+        for group in rule.api_groups.as_deref().unwrap_or_default() {
+            for resource in rule.resources.as_deref().unwrap_or_default() {
+                for name in &names {
+                    for verb in &rule.verbs {
+                        out.insert((group.clone(), resource.clone(), name.clone(), verb.clone()));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// What the member says the hub's own token may do in `namespace` (cluster-wide rules
+/// included): a SelfSubjectRulesReview made with the kubeconfig the hub holds.
+async fn hub_effective_rules(
+    hub: &Client,
+    member: &str,
+    namespace: &str,
+) -> Result<std::collections::BTreeSet<Permission>> {
+    let secret = Api::<Secret>::namespaced(hub.clone(), "bulkhead-system")
+        .get(&format!("member-{member}"))
+        .await?;
+    let text = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("kubeconfig"))
+        .map(|b| String::from_utf8_lossy(&b.0).to_string())
+        .context("no kubeconfig in the Secret")?;
+    effective_rules(kube::config::Kubeconfig::from_yaml(&text)?, namespace).await
+}
+
+/// What the member says the agent's service account may do in `namespace`, with a
+/// token minted for it (the agent's own credentials, as its pod would have them).
+async fn agent_effective_rules(
+    lab: &Lab,
+    member_admin: &Client,
+    member: &str,
+    namespace: &str,
+) -> Result<std::collections::BTreeSet<Permission>> {
+    let request = TokenRequest {
+        spec: Some(k8s_openapi::api::authentication::v1::TokenRequestSpec {
+            expiration_seconds: Some(600),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let token = Api::<ServiceAccount>::namespaced(member_admin.clone(), "bulkhead-system")
+        .create_token_request("bulkhead-agent", &PostParams::default(), &request)
+        .await?
+        .status
+        .and_then(|s| s.token)
+        .context("no token")?;
+    let mut kubeconfig = kube::config::Kubeconfig::read_from(lab.inside_kubeconfig(member))?;
+    for user in &mut kubeconfig.auth_infos {
+        user.auth_info = Some(kube::config::AuthInfo {
+            token: Some(token.clone().into()),
+            ..Default::default()
+        });
+    }
+    effective_rules(kubeconfig, namespace).await
+}
+
+async fn effective_rules(
+    kubeconfig: kube::config::Kubeconfig,
+    namespace: &str,
+) -> Result<std::collections::BTreeSet<Permission>> {
+    let config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await?;
+    let client = Client::try_from(config)?;
+    use k8s_openapi::api::authorization::v1::{SelfSubjectRulesReview, SelfSubjectRulesReviewSpec};
+    let review = SelfSubjectRulesReview {
+        spec: SelfSubjectRulesReviewSpec {
+            namespace: Some(namespace.into()),
+        },
+        ..Default::default()
+    };
+    let answer = Api::<SelfSubjectRulesReview>::all(client)
+        .create(&PostParams::default(), &review)
+        .await?;
+    let status = answer
+        .status
+        .context("no status in the SelfSubjectRulesReview")?;
+    let rules: Vec<k8s_openapi::api::rbac::v1::PolicyRule> = status
+        .resource_rules
+        .into_iter()
+        .map(|r| k8s_openapi::api::rbac::v1::PolicyRule {
+            api_groups: r.api_groups,
+            resources: r.resources,
+            resource_names: r.resource_names,
+            verbs: r.verbs,
+            non_resource_urls: None,
+        })
+        .collect();
+    Ok(expand(&rules))
+}
+
+/// Kubernetes' own system:basic-user grants to every authenticated user.
+fn basic_user() -> std::collections::BTreeSet<Permission> {
+    [
+        ("authorization.k8s.io", "selfsubjectaccessreviews"),
+        ("authorization.k8s.io", "selfsubjectrulesreviews"),
+        ("authentication.k8s.io", "selfsubjectreviews"),
+    ]
+    .into_iter()
+    .map(|(group, resource)| {
+        (
+            group.into(),
+            resource.into(),
+            String::new(),
+            "create".into(),
+        )
+    })
+    .collect()
+}
+
+fn assert_same_permissions(
+    who: &str,
+    effective: &std::collections::BTreeSet<Permission>,
+    granted: &std::collections::BTreeSet<Permission>,
+) {
+    let unexpected: Vec<_> = effective.difference(granted).collect();
+    let missing: Vec<_> = granted.difference(effective).collect();
+    assert!(
+        unexpected.is_empty() && missing.is_empty(),
+        "{who}'s effective permissions differ from the code's roles (docs/clusters.md): unexpected {unexpected:?}, missing {missing:?}"
+    );
 }

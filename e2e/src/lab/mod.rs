@@ -391,6 +391,7 @@ impl Lab {
             self.prepare_member(info).await?;
         }
         for info in members() {
+            self.wait_kwok_started(&mut state, info).await?;
             self.wait_member_ready(info).await?;
         }
         state.complete = true;
@@ -756,6 +757,39 @@ impl Lab {
         let nodes: Api<Node> = Api::all(client);
         for n in 1..=NODES_PER_MEMBER {
             create_if_missing(&nodes, &fake_node(info, n)?).await?;
+        }
+        Ok(())
+    }
+
+    /// kwok v0.8.0 sometimes dies at startup with "fatal error: concurrent map writes" in
+    /// its CEL environment (an upstream race, seen on this 2-core machine): a kwok that
+    /// exits within its first seconds is started again, up to twice, before `up` gives up.
+    async fn wait_kwok_started(&self, state: &mut LabState, info: &ClusterInfo) -> Result<()> {
+        for attempt in 1..=3 {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let Some(index) = state
+                .processes
+                .iter()
+                .position(|p| p.cluster == info.name && p.component == "kwok")
+            else {
+                return Ok(());
+            };
+            if procs::is_lab_process(state.processes[index].pid, &self.root) {
+                return Ok(());
+            }
+            if attempt == 3 {
+                bail!(
+                    "kwok of {} exited at startup three times; see {}",
+                    info.name,
+                    procs::log_path(&self.root, info.name, "kwok").display()
+                );
+            }
+            eprintln!(
+                "lab: kwok of {} exited at startup (see its log); starting it again",
+                info.name
+            );
+            state.processes.remove(index);
+            self.start(state, info, "kwok", self.kwok_args(info))?;
         }
         Ok(())
     }
