@@ -356,8 +356,13 @@ fn divide_weighted(uid: &str, total: u32, slots: &mut [Slot<'_>]) -> Result<(), 
     // A kept cluster gets at most what it holds; its surplus goes to the others by the
     // same division. Fixing a capped cluster only raises the others' shares (house
     // monotone), so each round caps at least one more cluster and this ends.
-    let mut fixed = vec![false; parties.len()];
+    // (Nothing to do, and nothing allocated, when no cluster is kept: the common case.)
+    let capped = members.iter().any(|&m| slots[m].cap.is_some());
+    let mut fixed = vec![false; if capped { parties.len() } else { 0 }];
     loop {
+        if !capped {
+            break;
+        }
         let over: Vec<usize> = (0..parties.len())
             .filter(|&i| !fixed[i])
             .filter(|&i| slots[members[i]].cap.is_some_and(|cap| shares[i] > cap))
