@@ -173,3 +173,24 @@ pub fn expect_invalid_or_forbidden<T: std::fmt::Debug>(
         other => panic!("expected admission to refuse it, got {other:?}"),
     }
 }
+
+/// `GET path` on a plain-HTTP port of this host (probe and metrics servers): status and
+/// body.
+pub async fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await?;
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await?;
+    let status = raw.get(9..12).context("short response")?.parse()?;
+    Ok((
+        status,
+        raw.split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default(),
+    ))
+}

@@ -1,35 +1,17 @@
 //! `bulkhead hub` and `bulkhead agent` start, connect to a real API server, wait for
 //! their CRDs, report ready on /readyz, serve /metrics, and stop cleanly on SIGTERM.
 
+use bulkhead_e2e::support::http_get as get;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use bulkhead_e2e::agent_support::{bulkhead_binary, free_port};
 use bulkhead_e2e::lab;
 use bulkhead_e2e::support;
 use bulkhead_e2e::{Check, wait_for};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-
-async fn get(port: u16, path: &str) -> Result<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await?;
-    let mut raw = String::new();
-    stream.read_to_string(&mut raw).await?;
-    let status = raw.get(9..12).context("short response")?.parse()?;
-    Ok((
-        status,
-        raw.split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default(),
-    ))
-}
 
 struct Running(Child);
 

@@ -2,6 +2,7 @@
 //! `bulkhead webhook` over TLS. The test scopes the webhook configurations to its own
 //! namespace (and labelled cluster-scoped objects) and removes them afterwards.
 
+use bulkhead_e2e::support::http_get;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -397,26 +398,6 @@ async fn webhooks_validate_default_and_enforce_tenant_rules_through_real_apiserv
     eprintln!("previous rules still in force: {message}");
     drop(webhook);
     Ok(())
-}
-
-/// `GET path` on a plain-HTTP port of this host: status and body.
-async fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await?;
-    let mut raw = String::new();
-    stream.read_to_string(&mut raw).await?;
-    let status = raw.get(9..12).context("short response")?.parse()?;
-    Ok((
-        status,
-        raw.split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default(),
-    ))
 }
 
 /// Issue 16: a user in a tenant's namespace used to escape its limits by writing another
