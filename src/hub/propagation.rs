@@ -394,6 +394,14 @@ mod tests {
             .collect()
     }
 
+    /// A member the hub cannot reach, with the copy it last saw there.
+    fn unreachable<'a>(cluster: &'a str, copy: Option<&'a DynamicObject>) -> MemberCopy<'a> {
+        MemberCopy {
+            reachable: false,
+            ..member(cluster, copy)
+        }
+    }
+
     fn member<'a>(cluster: &'a str, copy: Option<&'a DynamicObject>) -> MemberCopy<'a> {
         MemberCopy {
             cluster,
@@ -555,10 +563,9 @@ mod tests {
         let east = copy(2, 2, "e");
         let west = copy(3, 3, "w");
         let north = copy(3, 3, "n");
-        let mut unreachable = member("east", Some(&east));
-        unreachable.reachable = false;
+        let cut_off_east = unreachable("east", Some(&east));
         let members = [
-            unreachable,
+            cut_off_east,
             member("west", Some(&west)),
             member("north", Some(&north)),
         ];
@@ -600,10 +607,9 @@ mod tests {
         let east = copy(2, 2, "e");
         let west = copy(3, 3, "w");
         let north = copy(3, 3, "n");
-        let mut unreachable = member("east", Some(&east));
-        unreachable.reachable = false;
+        let cut_off_east = unreachable("east", Some(&east));
         let members = [
-            unreachable,
+            cut_off_east,
             member("west", Some(&west)),
             member("north", Some(&north)),
         ];
@@ -616,9 +622,8 @@ mod tests {
         let targets = targets_of(&[("east", 1)]);
         let east = copy(1, 1, "e");
         let west = copy(1, 1, "w");
-        let mut unreachable = member("east", Some(&east));
-        unreachable.reachable = false;
-        let members = [unreachable, member("west", Some(&west))];
+        let cut_off_east = unreachable("east", Some(&east));
+        let members = [cut_off_east, member("west", Some(&west))];
         let plan = plan(&input(&template, &targets, &members));
         assert!(plan.deletes.is_empty(), "{:?}", plan.deletes);
         assert_eq!(plan.pending_cleanup, ["west"]);
@@ -668,8 +673,7 @@ mod tests {
         let previous = targets(&[("east", 1), ("west", 1)]);
         let east = database_copy(1, 1, "e");
         let west = database_copy(1, 1, "w");
-        let mut cut_off = member("east", Some(&east));
-        cut_off.reachable = false;
+        let cut_off = unreachable("east", Some(&east));
         let members = [cut_off, member("west", Some(&west))];
         // Whichever cluster the new decision drops, nothing goes.
         for new in [targets(&[("east", 1)]), targets(&[("west", 1)])] {
@@ -696,8 +700,7 @@ mod tests {
         let new = targets(&[("east", 1), ("west", 3)]);
         let east = database_copy(1, 1, "e");
         let west = database_copy(1, 1, "w");
-        let mut cut_off = member("east", Some(&east));
-        cut_off.reachable = false;
+        let cut_off = unreachable("east", Some(&east));
         let members = [cut_off, member("west", Some(&west))];
         let plan = plan(&stateful(&template, &new, &previous, &members));
         let applied: Vec<(&str, i64)> = plan
@@ -724,8 +727,7 @@ mod tests {
         // changed): it was part of the current one, so the freeze holds.
         let previous = targets(&[("east", 1), ("north", 1), ("west", 1)]);
         let new = targets(&[("east", 1)]);
-        let mut cut_off = member("north", Some(&north));
-        cut_off.reachable = false;
+        let cut_off = unreachable("north", Some(&north));
         let members = [
             member("east", Some(&east)),
             cut_off,
@@ -767,8 +769,7 @@ mod tests {
         let new = targets(&[("east", 3), ("west", 0)]);
         let east = copy(3, 3, "e");
         let west = copy(3, 3, "w");
-        let mut cut_off = member("east", Some(&east));
-        cut_off.reachable = false;
+        let cut_off = unreachable("east", Some(&east));
         let members = [cut_off, member("west", Some(&west))];
         let mut input = input(&template, &new, &members);
         input.previous = &previous;
@@ -781,10 +782,9 @@ mod tests {
         let targets = targets(&[("east", 2), ("west", 2), ("north", 2)]);
         let east = copy(2, 2, "e");
         let west = copy(2, 2, "w");
-        let mut unreachable = member("east", Some(&east));
-        unreachable.reachable = false;
+        let cut_off_east = unreachable("east", Some(&east));
         let members = [
-            unreachable,
+            cut_off_east,
             member("west", Some(&west)),
             member("north", None),
         ];
