@@ -14,7 +14,7 @@ use bulkhead::api::propagation_policy::{
     SpreadByField, SpreadConstraint, StaticClusterWeight, WeightPreference,
 };
 use bulkhead::api::resource_binding::TargetCluster;
-use bulkhead::hub::placement::{ClusterView, PlacementRequest, decide, place};
+use bulkhead::hub::federation::placement::{ClusterView, PlacementRequest, decide, place};
 use criterion::measurement::{Measurement, ValueFormatter, WallTime};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;

@@ -218,56 +218,49 @@ impl Federation {
     }
 
     /// The value of the hub's unlabelled metric sample `name` (e.g. `bulkhead_hub_synced`,
-    /// `bulkhead_scheduler_passes_total`), or `None` when the hub does not expose it.
+    /// `bulkhead_hub_queue_depth`), or `None` when the hub does not expose it.
     pub async fn hub_metric(&self, name: &str) -> Result<Option<f64>> {
         let text = self.hub_metrics().await?;
         Ok(metric_sample(&text, name))
     }
 
-    /// Waits until the hub has completed `passes` more passes over every template than
-    /// it had when called (the counter `bulkhead_scheduler_passes_total`); returns the
-    /// counter's value then.
-    pub async fn wait_passes(&self, passes: u64, timeout: Duration) -> Result<f64> {
-        const PASSES: &str = "bulkhead_scheduler_passes_total";
-        let start = wait_for(&format!("the hub to expose {PASSES}"), timeout, || async {
-            match self.hub_metric(PASSES).await {
-                Ok(Some(value)) => Check::Done(value),
-                Ok(None) => Check::Waiting(format!("no {PASSES} sample")),
-                Err(e) => Check::Waiting(e.to_string()),
-            }
-        })
-        .await?;
-        let wanted = start + passes as f64;
-        wait_for(
-            &format!("{passes} more scheduler passes (from {start})"),
-            timeout,
-            || async {
-                match self.hub_metric(PASSES).await {
-                    Ok(Some(value)) if value >= wanted => Check::Done(value),
-                    Ok(value) => Check::Waiting(format!("{PASSES} {value:?}")),
-                    Err(e) => Check::Waiting(e.to_string()),
+    /// Waits until the hub has settled: it is synced (`bulkhead_hub_synced 1`: every
+    /// initial list read, every Ready member's copies listed, every template reconciled
+    /// once), no template waits in its work queue (`bulkhead_hub_queue_depth 0`) and no
+    /// member write is pending (`bulkhead_hub_pending_member_writes 0`), for a second
+    /// without a break. Whatever the hub was going to decide from what it read has then
+    /// been decided and written.
+    pub async fn wait_settled(&self, timeout: Duration) -> Result<()> {
+        const GAUGES: [(&str, f64); 3] = [
+            ("bulkhead_hub_synced", 1.0),
+            ("bulkhead_hub_queue_depth", 0.0),
+            ("bulkhead_hub_pending_member_writes", 0.0),
+        ];
+        let quiet_since = std::sync::Mutex::new(None::<std::time::Instant>);
+        wait_for("the hub to settle", timeout, || {
+            let quiet = &quiet_since;
+            async move {
+                for (name, wanted) in GAUGES {
+                    match self.hub_metric(name).await {
+                        Ok(Some(value)) if value == wanted => {}
+                        other => {
+                            *quiet.lock().unwrap() = None;
+                            return Check::Waiting(format!("{name} {other:?}"));
+                        }
+                    }
                 }
-            },
-        )
-        .await
-    }
-
-    /// Waits until a (re)started hub says it is synced (`bulkhead_hub_synced 1`: it has
-    /// read every hub object and every Ready member's copies and completed a pass over
-    /// every template), then for `passes` more passes, so whatever it was going to
-    /// decide from what it read has been decided (and written) by the time this returns.
-    pub async fn wait_hub_synced(&self, passes: u64, timeout: Duration) -> Result<()> {
-        const SYNCED: &str = "bulkhead_hub_synced";
-        wait_for("the hub to be synced", timeout, || async {
-            match self.hub_metric(SYNCED).await {
-                Ok(Some(1.0)) => Check::Done(()),
-                Ok(value) => Check::Waiting(format!("{SYNCED} {value:?}")),
-                Err(e) => Check::Waiting(e.to_string()),
+                let since = *quiet
+                    .lock()
+                    .unwrap()
+                    .get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() >= Duration::from_secs(1) {
+                    Check::Done(())
+                } else {
+                    Check::Waiting("settled for less than a second".into())
+                }
             }
         })
-        .await?;
-        self.wait_passes(passes, timeout).await?;
-        Ok(())
+        .await
     }
 
     /// Waits until the hub's MemberCluster `name` has the condition `Ready` with status

@@ -1114,12 +1114,14 @@ async fn the_hub_refuses_a_second_member_cluster_for_the_same_cluster() -> Resul
     );
 
     // The hub goes on deciding with east-again refused: east stays Ready and keeps its
-    // copies (same UIDs) through at least two probe intervals and three scheduler passes.
+    // copies (same UIDs) through at least two probe intervals, with every template
+    // reconciled again (a relist of the members' copies queues every template) and the
+    // hub settled.
     let watched = Instant::now();
-    let passes_before = federation
-        .hub_metric("bulkhead_scheduler_passes_total")
+    let reconciles_before = federation
+        .hub_metric("bulkhead_federation_reconciles_total")
         .await?
-        .context("no scheduler passes metric")?;
+        .context("no reconciles metric")?;
     let check_east = || async {
         let east = members_api.get("east").await?;
         anyhow::ensure!(ready(&east).0 == "True", "east: {:?}", ready(&east));
@@ -1142,21 +1144,23 @@ async fn the_hub_refuses_a_second_member_cluster_for_the_same_cluster() -> Resul
     };
     loop {
         check_east().await?;
-        let passes = federation
-            .hub_metric("bulkhead_scheduler_passes_total")
+        let reconciles = federation
+            .hub_metric("bulkhead_federation_reconciles_total")
             .await?
             .unwrap_or_default();
-        if watched.elapsed() >= 2 * probe_interval && passes >= passes_before + 3.0 {
+        if watched.elapsed() >= 2 * probe_interval && reconciles > reconciles_before {
+            federation.wait_settled(Duration::from_secs(60)).await?;
+            check_east().await?;
             eprintln!(
-                "east kept its copies for {:?} ({} passes) with east-again refused",
+                "east kept its copies for {:?} ({} reconciles) with east-again refused",
                 watched.elapsed(),
-                passes - passes_before
+                reconciles - reconciles_before
             );
             break;
         }
         anyhow::ensure!(
             watched.elapsed() < Duration::from_secs(120),
-            "fewer than 3 scheduler passes in 120 s ({passes_before} -> {passes})"
+            "no template reconciled in 120 s ({reconciles_before} -> {reconciles})"
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -1194,7 +1198,7 @@ async fn the_hub_refuses_a_second_member_cluster_for_the_same_cluster() -> Resul
         }
     })
     .await?;
-    federation.wait_passes(3, Duration::from_secs(120)).await?;
+    federation.wait_settled(Duration::from_secs(120)).await?;
     for (name, uid) in &east_uids {
         let copies = federation
             .copies_in(&["east"], &config_maps(), name)

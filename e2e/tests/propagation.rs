@@ -267,13 +267,11 @@ async fn a_weighted_database_runs_in_its_members_and_reports_back() -> Result<()
     federation.kill_hub();
     federation.start_hub()?;
     let restarted = Instant::now();
-    // Not a fixed sleep: wait until the new hub has read everything and decided over
-    // every template, then two more passes, so any write it was going to make is made.
-    federation
-        .wait_hub_synced(2, Duration::from_secs(120))
-        .await?;
+    // Not a fixed sleep: wait until the new hub has read everything, reconciled every
+    // template and has nothing left to do, so any write it was going to make is made.
+    federation.wait_settled(Duration::from_secs(120)).await?;
     eprintln!(
-        "the restarted hub was synced and had run two more passes {:?} after its start",
+        "the restarted hub was synced and settled {:?} after its start",
         restarted.elapsed()
     );
     let writes = hub_writes(&federation).await?;

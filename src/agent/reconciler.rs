@@ -908,7 +908,7 @@ mod tests {
         db.spec.storage.reclaim_policy = policy;
         db.labels_mut().insert(
             crate::api::LABEL_MANAGED_BY.into(),
-            crate::hub::copies::MANAGED_BY.into(),
+            crate::hub::federation::copies::MANAGED_BY.into(),
         );
         if template_deleted {
             db.annotations_mut().insert(

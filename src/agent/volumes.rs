@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use super::builders::LABEL_DATABASE;
 use crate::api::mydatabase::ReclaimPolicy;
 use crate::api::{ANNOTATION_TEMPLATE_DELETED, LABEL_MANAGED_BY, MyDatabase};
-use crate::hub::copies::MANAGED_BY;
+use crate::hub::federation::copies::MANAGED_BY;
 
 /// Label (value `"true"`) on a claim kept after its database was deleted.
 pub const LABEL_RELEASED: &str = "example.com/released";

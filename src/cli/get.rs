@@ -99,7 +99,7 @@ pub fn bindings_table(bindings: &[ResourceBinding]) -> String {
             conditions.join(" ")
         ));
         if let Some(waiting) = find_condition(&status.conditions, "Propagated")
-            .filter(|c| c.reason == crate::hub::aggregate::WAITING_FOR_PARTITION)
+            .filter(|c| c.reason == crate::hub::federation::aggregate::WAITING_FOR_PARTITION)
         {
             out.push_str(&format!("  {}: {}\n", waiting.reason, waiting.message));
         }

@@ -15,13 +15,13 @@ use crate::api::propagation_policy::Placement;
 use crate::api::propagation_policy::StatefulFailover;
 use crate::api::resource_binding::TargetCluster;
 use crate::api::{ClusterPropagationPolicy, MemberCluster, PropagationPolicy};
-use crate::hub::kinds::{
+use crate::hub::federation::kinds::{
     cluster_view, failed, hub_cluster_view, is_divisible, is_stateful, placement_tolerations,
 };
-use crate::hub::matching::{
+use crate::hub::federation::matching::{
     PolicyCandidate, PolicyScope, SelectorStrength, TemplateRef, choose_policy,
 };
-use crate::hub::placement::{ClusterView, PlacementRequest, PlacementResult, place};
+use crate::hub::federation::placement::{ClusterView, PlacementRequest, PlacementResult, place};
 use crate::process::ClientOptions;
 
 /// `bulkhead plan` options.
@@ -303,7 +303,7 @@ pub async fn run(options: &PlanOptions) -> anyhow::Result<()> {
     let views: Vec<ClusterView> = inputs
         .clusters
         .iter()
-        .filter(|c| !crate::hub::kinds::is_refused_duplicate(c))
+        .filter(|c| !crate::hub::federation::kinds::is_refused_duplicate(c))
         .map(|c| {
             if from_hub {
                 hub_cluster_view(c, &Default::default())

@@ -7,23 +7,15 @@
 //! taints, [`disruption`] derives zone states and the frozen state, [`lease`] renews the
 //! fencing Lease in every member. Other hub controllers read [`HubState`].
 
-pub mod aggregate;
 pub mod capacity;
-pub mod controller;
-pub mod copies;
-pub mod copy_cache;
 pub mod credentials;
 pub mod disruption;
+pub mod federation;
 pub mod health;
-pub mod kinds;
 pub mod lease;
-pub mod matching;
 pub mod members;
 pub mod metrics;
-pub mod placement;
 pub mod prober;
-pub mod propagation;
-pub mod scheduler;
 pub mod taints;
 pub mod tasks;
 pub mod tokens;
@@ -291,12 +283,12 @@ pub async fn run_membership(
         shutdown.clone(),
     ));
 
-    let scheduler_task = tokio::spawn(controller::run(
+    let scheduler_task = tokio::spawn(federation::run(
         process.client.clone(),
         state.clone(),
         controller_recorder,
         process.metrics.clone(),
-        controller::ControllerOptions {
+        federation::ControllerOptions {
             eviction_rate: options.eviction_rate,
         },
         shutdown.clone(),

@@ -111,7 +111,7 @@ impl<'a> Party<'a> {
 /// positive, every share is 0 (and the sum is not `total`). `uid` seeds the tie-break.
 ///
 /// ```
-/// use bulkhead::hub::placement::divide_by_weight;
+/// use bulkhead::hub::federation::placement::divide_by_weight;
 /// let shares = divide_by_weight(6, &[("east", 2), ("west", 1)], "uid-1");
 /// assert_eq!(shares, vec![4, 2]);
 /// ```

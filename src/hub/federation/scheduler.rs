@@ -19,9 +19,13 @@ use crate::api::resource_binding::{
 use crate::api::{
     ConditionStatus, ResourceBinding, SYSTEM_NAMESPACE, new_condition, set_condition,
 };
-use crate::hub::kinds::{is_divisible, is_stateful, marks_fenced, placement_tolerations};
-use crate::hub::matching::{PolicyCandidate, TemplateRef, choose_policy, policy_reference};
-use crate::hub::placement::{ClusterView, PlacementRequest, decide};
+use crate::hub::federation::kinds::{
+    is_divisible, is_stateful, marks_fenced, placement_tolerations,
+};
+use crate::hub::federation::matching::{
+    PolicyCandidate, TemplateRef, choose_policy, policy_reference,
+};
+use crate::hub::federation::placement::{ClusterView, PlacementRequest, decide};
 
 /// Field manager of the hub's scheduler.
 pub const FIELD_MANAGER: &str = "bulkhead-hub-scheduler";
@@ -73,6 +77,34 @@ pub struct DesiredBinding {
     pub conflict_resolution: ConflictResolution,
     /// The kind is stateful and the policy says `failover.stateful: Fence`.
     pub fence: bool,
+    /// When a toleration of a NoExecute taint on one of the clusters expires and the
+    /// decision may change without any event: the template is reconciled again then.
+    pub next_change: Option<jiff::Timestamp>,
+}
+
+/// The earliest future moment a NoExecute taint on `clusters` stops being tolerated by
+/// `tolerations` (a toleration with `tolerationSeconds`, counted from the taint's
+/// `timeAdded`).
+pub fn next_toleration_expiry(
+    tolerations: &[k8s_openapi::api::core::v1::Toleration],
+    clusters: &[ClusterView],
+    now: jiff::Timestamp,
+) -> Option<jiff::Timestamp> {
+    clusters
+        .iter()
+        .flat_map(|view| view.taints.iter())
+        .filter(|taint| taint.effect == "NoExecute")
+        .filter_map(|taint| {
+            let added = taint.time_added.as_ref()?.0;
+            tolerations
+                .iter()
+                .filter(|t| crate::hub::federation::placement::toleration_matches(t, taint))
+                .filter_map(|t| t.toleration_seconds)
+                .map(|seconds| added + jiff::SignedDuration::from_secs(seconds.max(0)))
+                .filter(|at| *at > now)
+                .min()
+        })
+        .min()
 }
 
 /// The scheduler's part of a binding's status (what [`DesiredBinding::status`] holds).
@@ -121,6 +153,7 @@ pub fn desired_binding(
         cluster_tolerations: placement_tolerations(policy.spec, stateful, frozen),
         ..policy.spec.placement.clone()
     };
+    let next_change = next_toleration_expiry(&placement.cluster_tolerations, clusters, now);
     let replicas = if divisible {
         template.data["spec"]["replicas"].as_i64().unwrap_or(1) as i32
     } else {
@@ -205,6 +238,7 @@ pub fn desired_binding(
         status,
         conflict_resolution: policy.spec.conflict_resolution,
         fence: stateful && marks_fenced(policy.spec),
+        next_change,
     })
 }
 
@@ -231,7 +265,7 @@ pub fn evicted_clusters(
 mod tests {
     use super::*;
     use crate::api::PropagationSpec;
-    use crate::hub::matching::PolicyScope;
+    use crate::hub::federation::matching::PolicyScope;
 
     fn template(replicas: i64) -> DynamicObject {
         serde_json::from_value(serde_json::json!({

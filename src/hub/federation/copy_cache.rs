@@ -15,11 +15,11 @@ use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
-use tokio::sync::Notify;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::LABEL_MANAGED_BY;
-use crate::hub::copies::MANAGED_BY;
+use crate::hub::federation::copies::MANAGED_BY;
 use crate::hub::health::{FailureKind, Health};
 use crate::hub::prober::HealthBoard;
 use crate::hub::{Registry, tasks};
@@ -57,15 +57,45 @@ impl ClusterCopies {
     }
 }
 
+/// A change in a member's copies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CopyEvent {
+    /// The copy of `namespace/name` of the kind at index `kind` (in the kinds the caches
+    /// watch) changed or went away in `cluster`.
+    Changed {
+        cluster: String,
+        kind: usize,
+        namespace: String,
+        name: String,
+    },
+    /// A member's copies were (re)listed, or the member is no longer watched: anything of
+    /// its copies may have changed.
+    Relisted { cluster: String },
+}
+
 /// Every member's copies. Cheap to clone.
 #[derive(Clone, Default)]
 pub struct CopyCaches {
     members: Arc<Mutex<HashMap<String, Arc<ClusterCopies>>>>,
-    /// Woken on every change in any member's copies.
-    pub changed: Arc<Notify>,
+    /// Told of every change in any member's copies.
+    events: Option<mpsc::UnboundedSender<CopyEvent>>,
 }
 
 impl CopyCaches {
+    /// Caches that report every change to `events`.
+    pub fn with_events(events: mpsc::UnboundedSender<CopyEvent>) -> Self {
+        CopyCaches {
+            members: Arc::default(),
+            events: Some(events),
+        }
+    }
+
+    fn tell(&self, event: CopyEvent) {
+        if let Some(events) = &self.events {
+            let _ = events.send(event);
+        }
+    }
+
     /// One member's copies, if the hub watches it.
     pub fn member(&self, name: &str) -> Option<Arc<ClusterCopies>> {
         self.members
@@ -160,20 +190,24 @@ async fn watch_member(
         };
         if !may_watch(&board, &name) {
             caches.set(&name, None);
+            caches.tell(CopyEvent::Relisted {
+                cluster: name.clone(),
+            });
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 _ = registry_changes.changed() => continue,
                 _ = board_changes.changed() => continue,
             }
         }
-        let (copies, mut events) = start_watches(&client, &kinds);
+        let (copies, mut events) = start_watches(&client, &kinds, &name);
         caches.set(&name, Some(Arc::new(copies)));
         let mut was_healthy = is_healthy(&board, &name);
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => break 'connect,
                 event = events.next() => match event {
-                    Some(()) => caches.changed.notify_one(),
+                    Some(Some(event)) => caches.tell(event),
+                    Some(None) => {}
                     None => tokio::time::sleep(Duration::from_secs(1)).await,
                 },
                 changed = registry_changes.changed() => {
@@ -192,7 +226,6 @@ async fn watch_member(
                     was_healthy = healthy;
                     if recovered {
                         tracing::debug!(member = %name, "member healthy again; re-listing its copies");
-                        caches.changed.notify_one();
                         continue 'connect;
                     }
                 }
@@ -200,7 +233,7 @@ async fn watch_member(
         }
     }
     caches.set(&name, None);
-    caches.changed.notify_one();
+    caches.tell(CopyEvent::Relisted { cluster: name });
 }
 
 /// Label selector of the hub's copies.
@@ -208,16 +241,17 @@ pub fn managed_selector() -> String {
     format!("{LABEL_MANAGED_BY}={MANAGED_BY}")
 }
 
+type CopyEvents = stream::SelectAll<futures::stream::BoxStream<'static, Option<CopyEvent>>>;
+
 fn start_watches(
     client: &Client,
     kinds: &[ApiResource],
-) -> (
-    ClusterCopies,
-    stream::SelectAll<futures::stream::BoxStream<'static, ()>>,
-) {
+    cluster: &str,
+) -> (ClusterCopies, CopyEvents) {
     let mut stores = vec![];
     let mut streams = vec![];
-    for resource in kinds {
+    for (kind, resource) in kinds.iter().enumerate() {
+        let cluster = cluster.to_string();
         let writer = reflector::store::Writer::<DynamicObject>::new(resource.clone());
         stores.push((resource.clone(), writer.as_reader()));
         let api = Api::<DynamicObject>::all_with(client.clone(), resource);
@@ -228,9 +262,30 @@ fn start_watches(
                 watcher(api, config).modify(|o: &mut DynamicObject| o.managed_fields_mut().clear()),
             )
             .default_backoff()
-            .map(|_| ())
+            .map(move |event| copy_event(&cluster, kind, event))
             .boxed(),
         );
     }
     (ClusterCopies { stores }, stream::select_all(streams))
+}
+
+/// What a watch event of a member's copies means for the hub.
+fn copy_event(
+    cluster: &str,
+    kind: usize,
+    event: Result<watcher::Event<DynamicObject>, watcher::Error>,
+) -> Option<CopyEvent> {
+    let changed = |object: &DynamicObject| CopyEvent::Changed {
+        cluster: cluster.to_string(),
+        kind,
+        namespace: object.namespace().unwrap_or_default(),
+        name: object.name_any(),
+    };
+    match event.ok()? {
+        watcher::Event::Apply(object) | watcher::Event::Delete(object) => Some(changed(&object)),
+        watcher::Event::InitDone => Some(CopyEvent::Relisted {
+            cluster: cluster.to_string(),
+        }),
+        watcher::Event::Init | watcher::Event::InitApply(_) => None,
+    }
 }

@@ -6,7 +6,7 @@ use serde_json::{Map, Value};
 
 use crate::api::propagation_policy::ConflictResolution;
 use crate::api::{LABEL_BINDING, LABEL_MANAGED_BY};
-use crate::hub::kinds::is_divisible;
+use crate::hub::federation::kinds::is_divisible;
 
 /// Value of the managed-by label on every copy.
 pub const MANAGED_BY: &str = "bulkhead";
@@ -31,7 +31,7 @@ pub fn binding_label(namespace: &str, name: &str) -> String {
     let full = binding_annotation(namespace, name);
     format!(
         "b{:016x}",
-        crate::hub::placement::stable_hash(&full, "binding")
+        crate::hub::federation::placement::stable_hash(&full, "binding")
     )
 }
 

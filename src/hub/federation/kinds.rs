@@ -7,7 +7,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use crate::api::member_cluster::{TAINT_NOT_READY, TAINT_UNREACHABLE};
 use crate::api::propagation_policy::{PropagationSpec, StatefulFailover};
 use crate::api::{MemberCluster, find_condition, is_condition_true};
-use crate::hub::placement::{ClusterView, toleration_matches};
+use crate::hub::federation::placement::{ClusterView, toleration_matches};
 use crate::hub::taints::{HUB_TAINT_KEYS, is_hub_taint};
 use crate::hub::zones::HubHealth;
 

@@ -26,7 +26,7 @@ use kube::api::DynamicObject;
 use serde_json::Value;
 
 use crate::api::resource_binding::TargetCluster;
-use crate::hub::copies::member_copy;
+use crate::hub::federation::copies::member_copy;
 
 /// What the hub knows about one member cluster and the template's copy in it.
 #[derive(Clone, Copy, Debug)]
@@ -114,7 +114,7 @@ pub fn copy_ready(copy: &DynamicObject) -> i32 {
 /// Whether the member copy already carries every field of `desired` (labels and
 /// annotations included); fields others added, server defaults and status are ignored.
 pub fn copy_matches(desired: &Value, existing: &DynamicObject) -> bool {
-    use crate::hub::copies::already_matches;
+    use crate::hub::federation::copies::already_matches;
     if existing.metadata.deletion_timestamp.is_some() {
         return false;
     }

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use crate::api::propagation_policy::{PropagationSpec, ResourceSelector};
 use crate::api::resource_binding::PolicyReference;
-use crate::hub::placement::label_selector_matches;
+use crate::hub::federation::placement::label_selector_matches;
 
 /// The template being placed.
 #[derive(Clone, Copy, Debug)]

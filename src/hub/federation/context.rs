@@ -1,0 +1,571 @@
+//! What every step of the federation controller shares: the hub's stores, the member
+//! writers, metrics, and the little the hub remembers per template between reconciles.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kube::api::{ApiResource, DynamicObject};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, Resource, ResourceExt};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+
+use crate::api::{ClusterPropagationPolicy, MemberCluster, PropagationPolicy, ResourceBinding};
+use crate::hub::HubState;
+use crate::hub::federation::copy_cache::CopyCaches;
+use crate::hub::federation::kinds::{hub_cluster_view, is_refused_duplicate};
+use crate::hub::federation::matching::{PolicyCandidate, PolicyScope};
+use crate::hub::federation::placement::ClusterView;
+use crate::hub::federation::queue::WorkQueue;
+use crate::hub::federation::writer::{ObjectKey, Writers};
+use crate::metrics::Metrics;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct CallLabels {
+    pub cluster: String,
+    pub verb: String,
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct ConditionLabels {
+    pub condition: String,
+    pub status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct WriteLabels {
+    pub what: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct ClusterLabel {
+    pub cluster: String,
+}
+
+#[derive(Clone)]
+pub(super) struct ControllerMetrics {
+    pub reconcile_duration: Histogram,
+    pub reconciles: Counter,
+    pub hub_writes: Family<WriteLabels, Counter>,
+    pub member_calls: Family<CallLabels, Counter>,
+    pub propagation_latency: Histogram,
+    pub bindings: Family<ConditionLabels, Gauge>,
+    pub evictions: Family<ClusterLabel, Counter>,
+    pub fenced: Gauge,
+    pub failover_ready: Histogram,
+    pub synced: Gauge,
+    pub queue_depth: Gauge,
+    pub pending_writes: Gauge,
+}
+
+impl ControllerMetrics {
+    pub fn register(metrics: &Metrics) -> Self {
+        let m = ControllerMetrics {
+            reconcile_duration: Histogram::new(exponential_buckets(0.00005, 2.0, 18)),
+            reconciles: Counter::default(),
+            hub_writes: Family::default(),
+            member_calls: Family::default(),
+            propagation_latency: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
+            bindings: Family::default(),
+            evictions: Family::default(),
+            fenced: Gauge::default(),
+            failover_ready: Histogram::new(exponential_buckets(1.0, 1.5, 16)),
+            synced: Gauge::default(),
+            queue_depth: Gauge::default(),
+            pending_writes: Gauge::default(),
+        };
+        metrics.register(
+            "hub_synced",
+            "1 once the hub has read every hub object and every Ready member's copies and reconciled every template once (a restarted hub is quiescent from here)",
+            m.synced.clone(),
+        );
+        metrics.register(
+            "hub_queue_depth",
+            "Templates waiting to be reconciled or being reconciled",
+            m.queue_depth.clone(),
+        );
+        metrics.register(
+            "hub_pending_member_writes",
+            "Member copies waiting to be applied or deleted, or being written",
+            m.pending_writes.clone(),
+        );
+        metrics.register(
+            "federation_reconciles",
+            "Template reconciles",
+            m.reconciles.clone(),
+        );
+        metrics.register(
+            "federation_reconcile_duration_seconds",
+            "Time for one template's reconcile: scheduling, the binding, handing copies to the member writers, status",
+            m.reconcile_duration.clone(),
+        );
+        metrics.register(
+            "hub_writes",
+            "Writes to the hub API server, by what was written (binding, binding_status, template_status, finalizer, binding_finalizer)",
+            m.hub_writes.clone(),
+        );
+        metrics.register(
+            "member_api_calls",
+            "Requests to member API servers by the member writers, by cluster, verb and result",
+            m.member_calls.clone(),
+        );
+        metrics.register(
+            "propagation_latency_seconds",
+            "Time from the hub seeing a new template generation to a member copy applied",
+            m.propagation_latency.clone(),
+        );
+        metrics.register(
+            "bindings",
+            "ResourceBindings by condition and status",
+            m.bindings.clone(),
+        );
+        metrics.register(
+            "evictions",
+            "Bindings whose replicas failover moved off a failed cluster",
+            m.evictions.clone(),
+        );
+        metrics.register(
+            "fenced_placements",
+            "Stateful placements in unreachable clusters, marked fenced",
+            m.fenced.clone(),
+        );
+        metrics.register(
+            "failover_ready_seconds",
+            "Time from a cluster's taint to the evicted replicas Ready elsewhere",
+            m.failover_ready.clone(),
+        );
+        m
+    }
+}
+
+/// A token bucket: evictions allowed per second, with a burst of one second's worth.
+pub(super) struct RateLimit {
+    rate: f64,
+    tokens: f64,
+    last: Instant,
+}
+
+impl RateLimit {
+    pub fn new(rate: f64) -> Self {
+        RateLimit {
+            rate,
+            tokens: rate.max(1.0),
+            last: Instant::now(),
+        }
+    }
+
+    pub fn try_take(&mut self) -> bool {
+        let now = Instant::now();
+        let burst = self.rate.max(1.0);
+        self.tokens =
+            (self.tokens + now.duration_since(self.last).as_secs_f64() * self.rate).min(burst);
+        self.last = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// The hub's stores, one per kind it reads.
+pub(super) struct Stores {
+    pub policies: Store<PropagationPolicy>,
+    pub cluster_policies: Store<ClusterPropagationPolicy>,
+    pub members: Store<MemberCluster>,
+    pub bindings: Store<ResourceBinding>,
+    /// By kind index (the order of `Context::kinds`).
+    pub templates: Vec<Store<DynamicObject>>,
+}
+
+fn is_ready<K>(store: &Store<K>) -> bool
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    futures::FutureExt::now_or_never(store.wait_until_ready()).is_some_and(|ready| ready.is_ok())
+}
+
+impl Stores {
+    /// Every initial list is in. Deciding before that would rewrite bindings the hub has
+    /// simply not read yet (a restarted hub must be quiescent: zero writes).
+    pub fn ready(&self) -> bool {
+        is_ready(&self.policies)
+            && is_ready(&self.cluster_policies)
+            && is_ready(&self.members)
+            && is_ready(&self.bindings)
+            && self.templates.iter().all(is_ready)
+    }
+}
+
+/// What one template's reconcile reports for the gauges.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(super) struct TemplateReport {
+    pub conditions: Vec<(String, String)>,
+    pub fenced: i64,
+}
+
+/// Every template's last report, and how many report each (condition, status).
+pub(super) type Reports = (
+    HashMap<ObjectKey, TemplateReport>,
+    BTreeMap<(String, String), i64>,
+);
+
+/// (generation, when the hub first saw it, whether its applies have been measured).
+pub(super) type GenerationSeen = (Option<i64>, Instant, bool);
+
+pub(super) struct Context {
+    pub hub: Client,
+    pub state: HubState,
+    pub caches: CopyCaches,
+    pub writers: Writers,
+    pub recorder: Recorder,
+    pub metrics: ControllerMetrics,
+    pub kinds: Vec<ApiResource>,
+    pub stores: Stores,
+    pub queue: WorkQueue<ObjectKey>,
+    pub evictions: Mutex<RateLimit>,
+    /// Template UID -> (generation, when the hub first saw it, whether its applies have
+    /// been measured).
+    pub generations: Mutex<HashMap<String, GenerationSeen>>,
+    /// Template -> when the taint that caused its eviction was added.
+    pub failovers: Mutex<HashMap<ObjectKey, jiff::Timestamp>>,
+    /// Status key -> since when a converging status has been waiting to be written.
+    pub converging: Mutex<HashMap<String, Instant>>,
+    /// What the hub API server returned to the hub's last binding write, until the
+    /// binding store has caught up with it.
+    pub written_bindings: Mutex<HashMap<ObjectKey, Arc<ResourceBinding>>>,
+    /// The same for templates (finalizer and status writes).
+    pub written_templates: Mutex<HashMap<ObjectKey, Arc<DynamicObject>>>,
+    /// The last report of every template, and their sums (the gauges).
+    pub reports: Mutex<Reports>,
+}
+
+/// Whether `seen` (from a watch) is at least as new as `written` (a write's response).
+fn caught_up(seen: &kube::api::ObjectMeta, written: &kube::api::ObjectMeta) -> bool {
+    if seen.uid != written.uid {
+        return true;
+    }
+    let version = |m: &kube::api::ObjectMeta| {
+        m.resource_version
+            .as_deref()
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    match (version(seen), version(written)) {
+        (Some(seen), Some(written)) => seen >= written,
+        _ => true,
+    }
+}
+
+/// The fresher of a store's object and a write's response; forgets the response once
+/// the store has caught up.
+fn fresher<K: Resource>(
+    memo: &Mutex<HashMap<ObjectKey, Arc<K>>>,
+    key: &ObjectKey,
+    seen: Option<Arc<K>>,
+) -> Option<Arc<K>> {
+    let mut memo = memo.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(written) = memo.get(key) else {
+        return seen;
+    };
+    match &seen {
+        Some(seen_object) if caught_up(seen_object.meta(), written.meta()) => {
+            memo.remove(key);
+            seen
+        }
+        // Gone from the store (deleted): the response is history.
+        None => {
+            memo.remove(key);
+            None
+        }
+        Some(_) => Some(written.clone()),
+    }
+}
+
+/// Removes what only the hub's reader needs from a template: managed fields and kubectl's
+/// last-applied copy of the whole object. A LIST returns built-in objects without
+/// apiVersion/kind (only watch events carry them): they are set here.
+pub(super) fn slim_template(object: &mut DynamicObject, resource: &ApiResource) {
+    object.types = Some(kube::api::TypeMeta {
+        api_version: resource.api_version.clone(),
+        kind: resource.kind.clone(),
+    });
+    object.managed_fields_mut().clear();
+    object
+        .annotations_mut()
+        .remove("kubectl.kubernetes.io/last-applied-configuration");
+}
+
+impl Context {
+    /// The template of `key`, as fresh as the hub knows it.
+    pub fn template(&self, key: &ObjectKey) -> Option<Arc<DynamicObject>> {
+        let resource = self.kinds.get(key.kind)?;
+        let seen = self.stores.templates[key.kind]
+            .get(&ObjectRef::new_with(&key.name, resource.clone()).within(&key.namespace));
+        fresher(&self.written_templates, key, seen)
+    }
+
+    pub fn remember_template(&self, key: &ObjectKey, mut written: DynamicObject) {
+        slim_template(&mut written, &self.kinds[key.kind]);
+        self.written_templates
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key.clone(), Arc::new(written));
+    }
+
+    /// The binding of `key`'s template, as fresh as the hub knows it.
+    pub fn binding(&self, key: &ObjectKey, name: &str) -> Option<Arc<ResourceBinding>> {
+        let seen = self
+            .stores
+            .bindings
+            .get(&ObjectRef::new(name).within(&key.namespace));
+        fresher(&self.written_bindings, key, seen)
+    }
+
+    pub fn remember_binding(&self, key: &ObjectKey, mut written: ResourceBinding) {
+        written.managed_fields_mut().clear();
+        self.written_bindings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key.clone(), Arc::new(written));
+    }
+
+    /// Every policy, as candidates for matching.
+    pub fn policies(
+        &self,
+    ) -> (
+        Vec<Arc<PropagationPolicy>>,
+        Vec<Arc<ClusterPropagationPolicy>>,
+    ) {
+        (
+            self.stores.policies.state(),
+            self.stores.cluster_policies.state(),
+        )
+    }
+
+    /// What placement knows of every member, sorted by name.
+    pub fn views(&self) -> Vec<ClusterView> {
+        let health = self.state.hub_health.load_full();
+        let mut views: Vec<ClusterView> = self
+            .stores
+            .members
+            .state()
+            .iter()
+            .filter(|m| !is_refused_duplicate(m))
+            .map(|m| hub_cluster_view(m, &health))
+            .collect();
+        views.sort_by(|a, b| a.name.cmp(&b.name));
+        views
+    }
+
+    /// Whether a status change for `key` should wait: it is still converging and has not
+    /// waited `coalesce` yet. Returns how much longer it may wait.
+    pub fn defer_status(&self, key: &str, converged: bool, coalesce: Duration) -> Option<Duration> {
+        let mut waiting = self.converging.lock().unwrap_or_else(|p| p.into_inner());
+        if converged {
+            waiting.remove(key);
+            return None;
+        }
+        let since = *waiting.entry(key.to_string()).or_insert_with(Instant::now);
+        let waited = since.elapsed();
+        if waited >= coalesce {
+            waiting.remove(key);
+            None
+        } else {
+            Some(coalesce - waited)
+        }
+    }
+
+    pub fn status_written(&self, key: &str) {
+        self.converging
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+    }
+
+    pub fn count_write(&self, what: &str) {
+        self.metrics
+            .hub_writes
+            .get_or_create(&WriteLabels { what: what.into() })
+            .inc();
+    }
+
+    /// Replaces `key`'s report in the gauges.
+    pub fn report(&self, key: &ObjectKey, report: Option<TemplateReport>) {
+        let mut guard = self.reports.lock().unwrap_or_else(|p| p.into_inner());
+        let (reports, counts) = &mut *guard;
+        let old = match &report {
+            Some(report) => reports.insert(key.clone(), report.clone()),
+            None => reports.remove(key),
+        };
+        if old == report {
+            return;
+        }
+        let mut fenced_change = 0;
+        if let Some(old) = old {
+            fenced_change -= old.fenced;
+            for entry in old.conditions {
+                if let Some(count) = counts.get_mut(&entry) {
+                    *count -= 1;
+                }
+            }
+        }
+        if let Some(new) = report {
+            fenced_change += new.fenced;
+            for entry in new.conditions {
+                *counts.entry(entry).or_default() += 1;
+            }
+        }
+        self.metrics.fenced.inc_by(fenced_change);
+        for ((condition, status), count) in counts.iter() {
+            self.metrics
+                .bindings
+                .get_or_create(&ConditionLabels {
+                    condition: condition.clone(),
+                    status: status.clone(),
+                })
+                .set(*count);
+        }
+    }
+
+    /// Forgets everything the hub remembered about a template that is gone.
+    pub fn forget(&self, key: &ObjectKey, uid: Option<&str>) {
+        if let Some(uid) = uid {
+            self.generations
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(uid);
+        }
+        self.failovers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+        let prefix = status_prefix(key);
+        self.converging
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|k, _| !k.starts_with(&prefix));
+        self.written_bindings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+        self.written_templates
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+        self.writers.forget_everywhere(key);
+        self.report(key, None);
+    }
+
+    /// The same Event on the template and, when there is one, its binding.
+    pub async fn event_both(
+        &self,
+        template: &k8s_openapi::api::core::v1::ObjectReference,
+        binding: Option<&ResourceBinding>,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
+        self.event(template, type_, reason, note.clone()).await;
+        if let Some(binding) = binding {
+            self.event(&binding.object_ref(&()), type_, reason, note)
+                .await;
+        }
+    }
+
+    pub async fn event(
+        &self,
+        reference: &k8s_openapi::api::core::v1::ObjectReference,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: "Failover".into(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&event, reference).await {
+            tracing::debug!(%error, "cannot publish an Event");
+        }
+    }
+}
+
+/// Candidates for policy matching, borrowed from the policies.
+pub(super) fn candidates<'a>(
+    policies: &'a [Arc<PropagationPolicy>],
+    cluster_policies: &'a [Arc<ClusterPropagationPolicy>],
+) -> Vec<PolicyCandidate<'a>> {
+    let mut candidates: Vec<PolicyCandidate> = policies
+        .iter()
+        .map(|p| PolicyCandidate {
+            scope: PolicyScope::Namespaced,
+            namespace: p.metadata.namespace.as_deref(),
+            name: p.metadata.name.as_deref().unwrap_or_default(),
+            spec: &p.spec,
+        })
+        .collect();
+    candidates.extend(cluster_policies.iter().map(|p| PolicyCandidate {
+        scope: PolicyScope::Cluster,
+        namespace: None,
+        name: p.metadata.name.as_deref().unwrap_or_default(),
+        spec: &p.spec.policy,
+    }));
+    candidates
+}
+
+/// Prefix of every status key of a template in [`Context::converging`].
+fn status_prefix(key: &ObjectKey) -> String {
+    format!("{}/{}/{}/", key.kind, key.namespace, key.name)
+}
+
+/// Key of a template's binding status in [`Context::converging`].
+pub(super) fn binding_status_key(key: &ObjectKey) -> String {
+    format!("{}binding", status_prefix(key))
+}
+
+/// Key of a template's own status in [`Context::converging`].
+pub(super) fn template_status_key(key: &ObjectKey) -> String {
+    format!("{}template", status_prefix(key))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(uid: &str, version: &str) -> kube::api::ObjectMeta {
+        kube::api::ObjectMeta {
+            uid: Some(uid.into()),
+            resource_version: Some(version.into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_write_response_counts_until_the_watch_catches_up() {
+        assert!(!caught_up(&meta("a", "5"), &meta("a", "6")));
+        assert!(caught_up(&meta("a", "6"), &meta("a", "6")));
+        assert!(caught_up(&meta("b", "1"), &meta("a", "6")));
+    }
+
+    #[test]
+    fn status_keys_of_a_template_share_its_prefix() {
+        let key = ObjectKey {
+            kind: 1,
+            namespace: "shop".into(),
+            name: "web".into(),
+        };
+        assert!(binding_status_key(&key).starts_with(&status_prefix(&key)));
+        assert!(template_status_key(&key).starts_with(&status_prefix(&key)));
+        assert_ne!(binding_status_key(&key), template_status_key(&key));
+    }
+}

@@ -1,0 +1,539 @@
+//! Federation (DESIGN.md sections 3-5): for every template a policy selects, decide its
+//! placement, bind it, propagate the copies through the member writers, bring their
+//! status back, clean up after deleted templates, and fail over.
+//!
+//! Event-driven and per object. Watches of the hub (templates, bindings, policies,
+//! members) and of every member's copies turn into template keys on one deduplicated
+//! work queue ([`queue`]); a fixed number of workers reconcile one template each
+//! ([`reconcile`]), writing only what differs. What triggers a template:
+//!
+//! | change | templates queued |
+//! |---|---|
+//! | the template (anything but its status) | that one |
+//! | its binding | that template |
+//! | one of its copies in a member | that template |
+//! | a member's copies relisted | every template |
+//! | a policy | every template |
+//! | a member's view (labels, taints, readiness, capacity) or the hub's frozen state | every template |
+//! | a member write finished | that template |
+//! | time (a toleration expiring, a status waiting to be written) | that one, when due |
+//!
+//! The hub's own status writes do not trigger work (a template event that changed only
+//! its status is dropped). Copies are written by one writer per member ([`writer`]): a
+//! template never waits for a member, and members never wait for each other.
+
+pub mod aggregate;
+pub mod context;
+pub mod copies;
+pub mod copy_cache;
+pub mod kinds;
+pub mod matching;
+pub mod placement;
+pub mod propagation;
+pub mod queue;
+pub mod reconcile;
+pub mod scheduler;
+pub mod status;
+pub mod writer;
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::{Stream, StreamExt, stream};
+use kube::api::{ApiResource, DynamicObject};
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::{self, reflector};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::{ClusterPropagationPolicy, MemberCluster, PropagationPolicy, ResourceBinding};
+use crate::hub::HubState;
+use crate::hub::federation::copy_cache::{CopyCaches, CopyEvent};
+use crate::hub::federation::scheduler::{TEMPLATE_KINDS, resource};
+use crate::metrics::Metrics;
+use context::{CallLabels, Context, ControllerMetrics, RateLimit, Stores, slim_template};
+use queue::WorkQueue;
+use writer::{Completed, ObjectKey, Writers};
+
+pub use writer::FIELD_MANAGER;
+
+/// Templates reconciled at once.
+pub const CONCURRENCY: usize = 32;
+
+/// Controller settings.
+#[derive(Clone, Debug)]
+pub struct ControllerOptions {
+    /// Bindings that may evict replicas from a failed cluster, per second.
+    pub eviction_rate: f64,
+}
+
+/// The template kinds as API resources.
+pub fn template_resources() -> Vec<ApiResource> {
+    TEMPLATE_KINDS
+        .iter()
+        .map(|(group, version, kind, plural)| resource(group, version, kind, plural))
+        .collect()
+}
+
+/// Something that happened on the hub, as the queue sees it.
+enum Trigger {
+    /// One template (or its binding, or its copies) changed.
+    Template(ObjectKey),
+    /// Anything may have changed for every template.
+    All,
+    Nothing,
+}
+
+/// Fingerprint of a template without its status and what the API server changes on
+/// every write: equal fingerprints mean only the status (or nothing) changed.
+fn template_fingerprint(object: &DynamicObject) -> u64 {
+    let mut value = serde_json::to_value(object).unwrap_or_default();
+    if let Some(map) = value.as_object_mut() {
+        map.remove("status");
+    }
+    if let Some(metadata) = value["metadata"].as_object_mut() {
+        metadata.remove("resourceVersion");
+        metadata.remove("managedFields");
+    }
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    value.to_string().hash(&mut hasher);
+    hasher.finish()
+}
+
+fn template_key(kind: usize, object: &DynamicObject) -> ObjectKey {
+    ObjectKey {
+        kind,
+        namespace: object.namespace().unwrap_or_default(),
+        name: object.name_any(),
+    }
+}
+
+/// The template a binding belongs to.
+fn binding_template(kinds: &[ApiResource], binding: &ResourceBinding) -> Option<ObjectKey> {
+    let resource = &binding.spec.resource;
+    let kind = kinds
+        .iter()
+        .position(|ar| ar.api_version == resource.api_version && ar.kind == resource.kind)?;
+    Some(ObjectKey {
+        kind,
+        namespace: binding.namespace().unwrap_or_default(),
+        name: resource.name.clone(),
+    })
+}
+
+/// A reflector of the hub whose events become triggers.
+fn reflect<K, F>(
+    api: Api<K>,
+    mut to_trigger: F,
+) -> (
+    reflector::Store<K>,
+    futures::stream::BoxStream<'static, Trigger>,
+)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+    F: FnMut(watcher::Event<K>) -> Trigger + Send + 'static,
+{
+    let (store, writer) = reflector::store();
+    let stream = reflector(
+        writer,
+        watcher(api, watcher::Config::default()).modify(|o| o.managed_fields_mut().clear()),
+    )
+    .default_backoff()
+    .map(move |event| match event {
+        Ok(event) => to_trigger(event),
+        Err(_) => Trigger::Nothing,
+    })
+    .boxed();
+    (store, stream)
+}
+
+/// Triggers every template when a watch (re)lists or when an object changes.
+fn everything<K>(event: watcher::Event<K>) -> Trigger {
+    match event {
+        watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone => {
+            Trigger::All
+        }
+        watcher::Event::Init | watcher::Event::InitApply(_) => Trigger::Nothing,
+    }
+}
+
+/// Runs the federation controller until shutdown.
+pub async fn run(
+    hub: Client,
+    state: HubState,
+    recorder: Recorder,
+    metrics: Arc<Metrics>,
+    options: ControllerOptions,
+    shutdown: CancellationToken,
+) {
+    let kinds = template_resources();
+    let (copy_events, mut copy_events_rx) = mpsc::unbounded_channel();
+    let caches = CopyCaches::with_events(copy_events);
+    let cache_task = tokio::spawn(crate::hub::federation::copy_cache::run(
+        caches.clone(),
+        state.registry.clone(),
+        state.board.clone(),
+        kinds.clone(),
+        shutdown.clone(),
+    ));
+    let controller_metrics = ControllerMetrics::register(&metrics);
+    let (completed, mut completed_rx) = mpsc::unbounded_channel::<Completed>();
+    let calls = controller_metrics.member_calls.clone();
+    let writers = Writers::new(
+        state.registry.clone(),
+        kinds.clone(),
+        completed,
+        Arc::new(move |cluster: &str, verb: &str, ok: bool| {
+            calls
+                .get_or_create(&CallLabels {
+                    cluster: cluster.into(),
+                    verb: verb.into(),
+                    result: if ok { "ok" } else { "error" }.into(),
+                })
+                .inc();
+        }),
+        shutdown.clone(),
+    );
+
+    let mut streams: Vec<futures::stream::BoxStream<'static, Trigger>> = vec![];
+    let (policies, s) = reflect(Api::<PropagationPolicy>::all(hub.clone()), everything);
+    streams.push(s);
+    let (cluster_policies, s) = reflect(
+        Api::<ClusterPropagationPolicy>::all(hub.clone()),
+        everything,
+    );
+    streams.push(s);
+    let (members, s) = reflect(Api::<MemberCluster>::all(hub.clone()), everything);
+    streams.push(s);
+    let binding_kinds = kinds.clone();
+    let (bindings, s) = reflect(
+        Api::<ResourceBinding>::all(hub.clone()),
+        move |event| match event {
+            watcher::Event::Apply(b) | watcher::Event::Delete(b) => {
+                binding_template(&binding_kinds, &b).map_or(Trigger::Nothing, Trigger::Template)
+            }
+            watcher::Event::InitDone => Trigger::All,
+            _ => Trigger::Nothing,
+        },
+    );
+    streams.push(s);
+    let mut templates = vec![];
+    for (kind, ar) in kinds.iter().enumerate() {
+        let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
+        templates.push(writer.as_reader());
+        let api = Api::<DynamicObject>::all_with(hub.clone(), ar);
+        let slim_resource = ar.clone();
+        let slim = watcher(api, watcher::Config::default())
+            .modify(move |o: &mut DynamicObject| slim_template(o, &slim_resource));
+        let mut seen: HashMap<ObjectKey, u64> = HashMap::new();
+        streams.push(
+            reflector(writer, slim)
+                .default_backoff()
+                .map(move |event| match event {
+                    Ok(watcher::Event::Apply(o)) | Ok(watcher::Event::InitApply(o)) => {
+                        let key = template_key(kind, &o);
+                        let fingerprint = template_fingerprint(&o);
+                        if seen.insert(key.clone(), fingerprint) == Some(fingerprint) {
+                            Trigger::Nothing
+                        } else {
+                            Trigger::Template(key)
+                        }
+                    }
+                    Ok(watcher::Event::Delete(o)) => {
+                        let key = template_key(kind, &o);
+                        seen.remove(&key);
+                        Trigger::Template(key)
+                    }
+                    Ok(watcher::Event::InitDone) => Trigger::All,
+                    _ => Trigger::Nothing,
+                })
+                .boxed(),
+        );
+    }
+    let context = Arc::new(Context {
+        hub,
+        state: state.clone(),
+        caches,
+        writers,
+        recorder,
+        metrics: controller_metrics,
+        kinds,
+        stores: Stores {
+            policies,
+            cluster_policies,
+            members,
+            bindings,
+            templates,
+        },
+        queue: WorkQueue::default(),
+        evictions: Mutex::new(RateLimit::new(options.eviction_rate)),
+        generations: Mutex::default(),
+        failovers: Mutex::default(),
+        converging: Mutex::default(),
+        written_bindings: Mutex::default(),
+        written_templates: Mutex::default(),
+        reports: Mutex::default(),
+    });
+
+    let mut tasks = vec![];
+    // Hub watches -> queue. The stores follow their watches on this task whatever the
+    // workers are doing.
+    tasks.push(tokio::spawn(drive(
+        context.clone(),
+        stream::select_all(streams),
+        shutdown.clone(),
+    )));
+    // Member copies -> queue.
+    {
+        let context = context.clone();
+        tasks.push(tokio::spawn(async move {
+            while let Some(event) = copy_events_rx.recv().await {
+                match event {
+                    CopyEvent::Changed {
+                        kind,
+                        namespace,
+                        name,
+                        ..
+                    } => context.queue.add(ObjectKey {
+                        kind,
+                        namespace,
+                        name,
+                    }),
+                    CopyEvent::Relisted { .. } => queue_all(&context),
+                }
+            }
+        }));
+    }
+    // Finished member writes -> latency, queue.
+    {
+        let context = context.clone();
+        tasks.push(tokio::spawn(async move {
+            while let Some(done) = completed_rx.recv().await {
+                if done.verb == "apply" && done.outcome == writer::Outcome::Done {
+                    observe_latency(&context, &done.key);
+                }
+                context.queue.add(done.key);
+            }
+        }));
+    }
+    // Member health and the hub's frozen state -> queue, when a view changed.
+    tasks.push(tokio::spawn(watch_views(context.clone(), shutdown.clone())));
+    // Gauges.
+    tasks.push(tokio::spawn(report_progress(
+        context.clone(),
+        shutdown.clone(),
+    )));
+
+    // Nothing is decided before every initial list is in.
+    while !context.stores.ready() {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+        }
+    }
+    if !shutdown.is_cancelled() {
+        queue_all(&context);
+        let workers: Vec<_> = (0..CONCURRENCY)
+            .map(|_| tokio::spawn(work(context.clone(), shutdown.clone())))
+            .collect();
+        for worker in workers {
+            let _ = worker.await;
+        }
+    }
+    for task in tasks {
+        task.abort();
+    }
+    let abort = cache_task.abort_handle();
+    if tokio::time::timeout(2 * crate::hub::tasks::SHUTDOWN_GRACE, cache_task)
+        .await
+        .is_err()
+    {
+        abort.abort();
+    }
+}
+
+/// Queues every template the hub holds, and every binding's template (a binding whose
+/// template is gone may still have copies to clean up).
+fn queue_all(context: &Context) {
+    for (kind, store) in context.stores.templates.iter().enumerate() {
+        for template in store.state() {
+            context.queue.add(template_key(kind, &template));
+        }
+    }
+    for binding in context.stores.bindings.state() {
+        if let Some(key) = binding_template(&context.kinds, &binding) {
+            context.queue.add(key);
+        }
+    }
+}
+
+async fn drive(
+    context: Arc<Context>,
+    mut triggers: impl Stream<Item = Trigger> + Unpin,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let trigger = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            trigger = triggers.next() => match trigger {
+                Some(trigger) => trigger,
+                None => return,
+            },
+        };
+        match trigger {
+            Trigger::Template(key) => context.queue.add(key),
+            Trigger::All if context.stores.ready() => queue_all(&context),
+            Trigger::All | Trigger::Nothing => {}
+        }
+    }
+}
+
+/// Queues every template when what placement knows of the members changes (readiness,
+/// taints, labels, capacity) or the hub's frozen state does.
+async fn watch_views(context: Arc<Context>, shutdown: CancellationToken) {
+    let mut board = context.state.board.subscribe();
+    let mut last = (context.views(), context.state.hub_health.load().frozen);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            changed = board.changed() => if changed.is_err() { return },
+            // The frozen state and member objects change without the board.
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+        let now = (context.views(), context.state.hub_health.load().frozen);
+        if now != last {
+            if now.1 != last.1 {
+                tracing::warn!(
+                    frozen = now.1,
+                    "hub frozen state changed: failover {}",
+                    if now.1 { "suspended" } else { "resumed" }
+                );
+            }
+            last = now;
+            if context.stores.ready() {
+                queue_all(&context);
+            }
+        }
+    }
+}
+
+/// One worker: reconciles templates off the queue until shutdown.
+async fn work(context: Arc<Context>, shutdown: CancellationToken) {
+    while let Some(key) = context.queue.next(&shutdown).await {
+        let started = Instant::now();
+        let again = reconcile::reconcile(&context, &key).await;
+        context
+            .metrics
+            .reconcile_duration
+            .observe(started.elapsed().as_secs_f64());
+        context.metrics.reconciles.inc();
+        context.queue.done(&key);
+        if let Some(again) = again {
+            context
+                .queue
+                .add_after(key, again.max(Duration::from_millis(10)));
+        }
+    }
+}
+
+/// Observes the propagation latency of a template's current generation, once per member
+/// copy applied for it (later re-applies, e.g. drift repair, do not count).
+fn observe_latency(context: &Context, key: &ObjectKey) {
+    let Some(uid) = context.template(key).and_then(|t| t.uid()) else {
+        return;
+    };
+    let generations = context
+        .generations
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some((_, seen, _)) = generations.get(&uid) {
+        context
+            .metrics
+            .propagation_latency
+            .observe(seen.elapsed().as_secs_f64());
+    }
+}
+
+/// Keeps the progress gauges: queue depth, pending member writes, and `hub_synced` (every
+/// initial list in, every Ready member's copies listed, every template reconciled once).
+async fn report_progress(context: Arc<Context>, shutdown: CancellationToken) {
+    let mut drained_once = false;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+        let depth = context.queue.len() + context.queue.active();
+        context.metrics.queue_depth.set(depth as i64);
+        context
+            .metrics
+            .pending_writes
+            .set(context.writers.pending() as i64);
+        let ready = context.stores.ready();
+        drained_once |= ready && depth == 0;
+        let synced = drained_once
+            && context.views().iter().filter(|v| v.ready).all(|v| {
+                context
+                    .caches
+                    .member(&v.name)
+                    .is_some_and(|c| context.kinds.iter().all(|ar| c.synced(ar)))
+            });
+        context.metrics.synced.set(i64::from(synced));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn template(status: serde_json::Value, version: &str) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "shop", "resourceVersion": version, "generation": 1},
+            "spec": {"replicas": 3},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_status_only_change_keeps_the_fingerprint() {
+        let before = template(json!({}), "1");
+        let after = template(json!({"readyReplicas": 3}), "2");
+        assert_eq!(template_fingerprint(&before), template_fingerprint(&after));
+        let mut scaled = after.clone();
+        scaled.data["spec"]["replicas"] = json!(6);
+        assert_ne!(template_fingerprint(&after), template_fingerprint(&scaled));
+        let mut labelled = after;
+        labelled.labels_mut().insert("tier".into(), "web".into());
+        assert_ne!(
+            template_fingerprint(&before),
+            template_fingerprint(&labelled)
+        );
+    }
+
+    #[test]
+    fn a_binding_leads_to_its_template() {
+        let kinds = template_resources();
+        let binding: ResourceBinding = serde_json::from_value(json!({
+            "apiVersion": "federation.example.com/v1alpha1", "kind": "ResourceBinding",
+            "metadata": {"name": "web-deployment", "namespace": "shop"},
+            "spec": {"resource": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"}, "replicas": 3, "clusters": []},
+        }))
+        .unwrap();
+        let key = binding_template(&kinds, &binding).unwrap();
+        assert_eq!(kinds[key.kind].kind, "Deployment");
+        assert_eq!((key.namespace.as_str(), key.name.as_str()), ("shop", "web"));
+    }
+}

@@ -1,0 +1,981 @@
+//! One template's reconcile: match -> decide -> bind -> hand the copies to the member
+//! writers -> status. Reads only the hub's stores and caches; writes the template's
+//! finalizer, its binding (decision and status in one write) and its status, each only
+//! when it changes; returns when to look again if time alone can change something (a
+//! toleration expiring, a status waiting to be written, a rate limit).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
+use kube::runtime::events::EventType;
+use kube::{Api, Resource, ResourceExt};
+use serde_json::{Value, json};
+
+use crate::api::propagation_policy::ConflictResolution;
+use crate::api::resource_binding::{ResourceBindingStatus, TargetCluster};
+use crate::api::{FINALIZER_CLEANUP, LABEL_MANAGED_BY, ResourceBinding};
+use crate::error::{ApiErrorKind, classify};
+use crate::hub::federation::aggregate::WAITING_FOR_PARTITION;
+use crate::hub::federation::context::{
+    ClusterLabel, Context, TemplateReport, binding_status_key, candidates,
+};
+use crate::hub::federation::copies::binding_label;
+use crate::hub::federation::kinds::{is_divisible, is_stateful};
+use crate::hub::federation::placement::ClusterView;
+use crate::hub::federation::propagation::{self, MemberCopy, Plan, PlanInput};
+use crate::hub::federation::scheduler::{
+    DesiredBinding, FIELD_MANAGER as BINDING_FIELD_MANAGER, binding_name, desired_binding,
+    evicted_clusters, is_excluded_namespace, scheduler_status,
+};
+use crate::hub::federation::status::{
+    self, BuiltStatus, Member, STATUS_COALESCE, previous_rows, propagation_conditions,
+};
+use crate::hub::federation::writer::{CopyOp, ObjectKey};
+
+/// A copy written less than this long ago is not written again for the same decision
+/// even when it does not look like it (a member that rewrites a field the hub sets).
+const REWRITE_AFTER: Duration = Duration::from_secs(10);
+
+/// When to look again after a failed write to the hub.
+const RETRY: Duration = Duration::from_secs(2);
+
+fn sooner(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, None) => a,
+        (None, b) => b,
+    }
+}
+
+/// Reconciles one template (or what is left of it: its binding). Returns when to look
+/// again, if nothing else will trigger it.
+pub(super) async fn reconcile(context: &Arc<Context>, key: &ObjectKey) -> Option<Duration> {
+    if is_excluded_namespace(&key.namespace) {
+        return None;
+    }
+    let resource = context.kinds[key.kind].clone();
+    let template = context.template(key);
+    let binding = context.binding(key, &binding_name(&key.name, &resource.kind));
+    let views = context.views();
+    let now = jiff::Timestamp::now();
+    let binding_deleting = binding
+        .as_ref()
+        .is_some_and(|b| b.metadata.deletion_timestamp.is_some());
+    match template {
+        None => match binding {
+            None => {
+                context.forget(key, None);
+                None
+            }
+            Some(binding) if binding_deleting => {
+                cleanup_after_template(context, key, &resource, &binding, &views, now).await
+            }
+            // Its owner is gone: the garbage collector deletes it (or it was orphaned
+            // on purpose, and then it stays, copies included).
+            Some(_) => None,
+        },
+        Some(template) if template.metadata.deletion_timestamp.is_some() => {
+            delete_template(context, key, &resource, &template, binding, &views, now).await
+        }
+        Some(template) => {
+            if let Some(binding) = binding.as_ref().filter(|_| binding_deleting) {
+                // The binding alone was deleted (or belongs to an earlier template of the
+                // same name): nothing of the copies goes, the next reconcile binds anew.
+                release_binding(context, binding).await;
+                return Some(Duration::from_millis(200));
+            }
+            place_template(context, key, &resource, &template, binding, &views, now).await
+        }
+    }
+}
+
+/// What the hub knows of every member for `key`, and the plan.
+struct Planned {
+    members: Vec<Member>,
+    plan: Plan,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn plan(
+    context: &Context,
+    key: &ObjectKey,
+    resource: &ApiResource,
+    template: Option<&DynamicObject>,
+    previous: &[TargetCluster],
+    targets: &[TargetCluster],
+    pending: &[String],
+    deleting: bool,
+    views: &[ClusterView],
+) -> Planned {
+    let mut members: Vec<Member> = views
+        .iter()
+        .map(|view| {
+            let cache = context.caches.member(&view.name);
+            let synced = cache.as_ref().is_some_and(|c| c.synced(resource));
+            let cached = cache.and_then(|c| c.get(resource, &key.namespace, &key.name));
+            Member {
+                cluster: view.name.clone(),
+                reachable: view.ready,
+                synced,
+                copy: context.writers.fresh(&view.name, key, cached),
+                op: None,
+                outcome: None,
+                applying: false,
+            }
+        })
+        .collect();
+    let template_value = template
+        .map(|t| serde_json::to_value(t).unwrap_or_default())
+        .unwrap_or(Value::Null);
+    let label = binding_label(&key.namespace, &key.name);
+    let copies: Vec<MemberCopy<'_>> = members
+        .iter()
+        .map(|m| MemberCopy {
+            cluster: &m.cluster,
+            reachable: m.reachable,
+            synced: m.synced,
+            copy: m.copy.as_deref(),
+        })
+        .collect();
+    let plan = propagation::plan(&PlanInput {
+        template: &template_value,
+        binding: &label,
+        divisible: is_divisible(&resource.api_version, &resource.kind),
+        stateful: is_stateful(&resource.api_version, &resource.kind),
+        previous,
+        targets,
+        deleting,
+        members: &copies,
+        pending,
+    });
+    drop(copies);
+    Planned {
+        members: std::mem::take(&mut members),
+        plan,
+    }
+}
+
+/// Hands the plan's writes to the member writers (and tells the others that nothing is
+/// wanted from them), then reads back where each one stands. Returns when to look again
+/// for a copy written recently that still does not look written.
+fn hand_off(
+    context: &Context,
+    key: &ObjectKey,
+    planned: &mut Planned,
+    resolution: ConflictResolution,
+) -> Option<Duration> {
+    let mut again = None;
+    for member in planned.members.iter_mut() {
+        let op = planned
+            .plan
+            .applies
+            .iter()
+            .find(|a| a.cluster == member.cluster)
+            .map(|a| CopyOp::Apply {
+                object: a.object.clone(),
+                check_conflict: a.check_conflict,
+                resolution,
+            })
+            .or_else(|| {
+                planned
+                    .plan
+                    .deletes
+                    .iter()
+                    .find(|d| d.cluster == member.cluster)
+                    .map(|d| CopyOp::Delete {
+                        uid: d.uid.clone(),
+                        template_deleted: d.template_deleted,
+                    })
+            });
+        match &op {
+            Some(op) => {
+                context
+                    .writers
+                    .want(&member.cluster, key, op.clone(), REWRITE_AFTER);
+            }
+            None => context.writers.forget(&member.cluster, key),
+        }
+        let state = context.writers.state(&member.cluster, key, op.as_ref());
+        member.applying = state.as_ref().is_some_and(|s| s.applying);
+        if let (Some(_), Some(state)) = (&op, &state)
+            && state.current
+        {
+            member.outcome = state.outcome.clone();
+            if let (Some(crate::hub::federation::writer::Outcome::Done), Some(ago)) =
+                (&state.outcome, state.finished_ago)
+            {
+                again = sooner(again, Some(REWRITE_AFTER.saturating_sub(ago)));
+            }
+        }
+        member.op = op;
+    }
+    again
+}
+
+/// The clusters a binding's status records as still holding a copy to delete.
+fn pending_cleanups(binding: Option<&ResourceBinding>) -> Vec<String> {
+    previous_rows(binding)
+        .iter()
+        .filter(|r| r.pending_cleanup)
+        .map(|r| r.name.clone())
+        .collect()
+}
+
+/// Deleting: every copy is gone, and no apply is still on its way to a member (it would
+/// leave a copy behind).
+fn cleanup_done(planned: &Planned) -> bool {
+    planned.plan.cleanup_done && !planned.members.iter().any(|m| m.applying)
+}
+
+/// A template with a deletionTimestamp: its copies go (reachable clusters now, the others
+/// when they return), then its finalizer and its binding's.
+async fn delete_template(
+    context: &Arc<Context>,
+    key: &ObjectKey,
+    resource: &ApiResource,
+    template: &DynamicObject,
+    binding: Option<Arc<ResourceBinding>>,
+    views: &[ClusterView],
+    now: jiff::Timestamp,
+) -> Option<Duration> {
+    let has_finalizer = template.finalizers().iter().any(|f| f == FINALIZER_CLEANUP);
+    // A new template's binding is written once its copies are Ready: deleted before
+    // that, its copies are known from the members' caches and the writers alone.
+    let targets = binding
+        .as_ref()
+        .map(|b| b.spec.clusters.clone())
+        .unwrap_or_default();
+    let pending = pending_cleanups(binding.as_deref());
+    let mut planned = plan(
+        context,
+        key,
+        resource,
+        Some(template),
+        &targets,
+        &targets,
+        &pending,
+        true,
+        views,
+    );
+    hand_off(context, key, &mut planned, ConflictResolution::Abort);
+    if let Some(binding) = binding.as_deref()
+        && !unsynced(&planned.members, &targets)
+    {
+        let built = status::build(
+            resource,
+            template.metadata.generation,
+            &targets,
+            &planned.members,
+            &planned.plan,
+            Some(binding),
+            false,
+            true,
+            now,
+        );
+        if let Some(desired) = kept_decision(binding) {
+            write_binding(context, key, &desired, Some(binding), &built, false).await;
+        }
+        status::write_template_status(
+            context,
+            key,
+            resource,
+            template,
+            &targets,
+            &built.observations,
+            true,
+            true,
+        )
+        .await;
+    }
+    if !cleanup_done(&planned) {
+        return None;
+    }
+    tracing::info!(template = %format!("{}/{}", key.namespace, key.name), kind = %resource.kind, "every copy is gone");
+    if let Some(binding) = binding.as_deref()
+        && binding.metadata.deletion_timestamp.is_some()
+    {
+        release_binding(context, binding).await;
+    }
+    if has_finalizer {
+        return remove_template_finalizer(context, key, resource, template).await;
+    }
+    None
+}
+
+/// The decision a binding holds, to write its status beside it unchanged.
+fn kept_decision(binding: &ResourceBinding) -> Option<DesiredBinding> {
+    let owner = binding.owner_references().first()?.clone();
+    Some(DesiredBinding {
+        namespace: binding.namespace().unwrap_or_default(),
+        name: binding.name_any(),
+        owner,
+        spec: binding.spec.clone(),
+        status: scheduler_status(binding.status.as_ref()),
+        conflict_resolution: ConflictResolution::Abort,
+        fence: false,
+        next_change: None,
+    })
+}
+
+/// The template is gone and its binding is being deleted: delete what copies are left,
+/// then let the binding go.
+async fn cleanup_after_template(
+    context: &Arc<Context>,
+    key: &ObjectKey,
+    resource: &ApiResource,
+    binding: &ResourceBinding,
+    views: &[ClusterView],
+    _now: jiff::Timestamp,
+) -> Option<Duration> {
+    if !binding.finalizers().iter().any(|f| f == FINALIZER_CLEANUP) {
+        return None;
+    }
+    let targets = binding.spec.clusters.clone();
+    let pending = pending_cleanups(Some(binding));
+    let mut planned = plan(
+        context, key, resource, None, &targets, &targets, &pending, true, views,
+    );
+    hand_off(context, key, &mut planned, ConflictResolution::Abort);
+    if cleanup_done(&planned) {
+        release_binding(context, binding).await;
+    }
+    None
+}
+
+/// Whether a reachable placed cluster's copies have not been listed yet: its status would
+/// be a guess (a restarted hub must not rewrite rows it has simply not read yet).
+fn unsynced(members: &[Member], targets: &[TargetCluster]) -> bool {
+    members
+        .iter()
+        .any(|m| m.reachable && !m.synced && targets.iter().any(|t| t.name == m.cluster))
+}
+
+/// A live template: decide, bind, hand off, report.
+async fn place_template(
+    context: &Arc<Context>,
+    key: &ObjectKey,
+    resource: &ApiResource,
+    template: &DynamicObject,
+    binding: Option<Arc<ResourceBinding>>,
+    views: &[ClusterView],
+    now: jiff::Timestamp,
+) -> Option<Duration> {
+    note_generation(context, template);
+    let frozen = context.state.hub_health.load().frozen;
+    let (policies, cluster_policies) = context.policies();
+    let candidates = candidates(&policies, &cluster_policies);
+    let existing = binding.as_deref();
+    let Some(mut desired) = desired_binding(
+        template,
+        resource,
+        &candidates,
+        views,
+        existing,
+        frozen,
+        now,
+    ) else {
+        context.report(key, None);
+        return None;
+    };
+    let mut again = desired.next_change.map(|at| {
+        Duration::from_millis((at.as_millisecond() - now.as_millisecond()).max(0) as u64)
+    });
+    let name = format!("{}/{}", key.namespace, desired.name);
+
+    // Failover: replicas leaving a cluster that is not Ready are an eviction.
+    let old_targets = existing.map(|b| b.spec.clusters.as_slice()).unwrap_or(&[]);
+    let mut evicted = evicted_clusters(old_targets, &desired.spec.clusters, views);
+    if !evicted.is_empty() {
+        let allowed = context
+            .evictions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .try_take();
+        if !allowed {
+            tracing::info!(binding = %name, "eviction rate limit reached; keeping the placement for now");
+            desired.spec.clusters = old_targets.to_vec();
+            desired.status = scheduler_status(existing.and_then(|b| b.status.as_ref()));
+            evicted.clear();
+            again = sooner(again, Some(Duration::from_secs(1)));
+        }
+    }
+
+    // No copy goes out before the finalizer that guarantees its cleanup is in place.
+    if !template.finalizers().iter().any(|f| f == FINALIZER_CLEANUP) {
+        match add_template_finalizer(context, key, resource, template).await {
+            Ok(()) => {}
+            Err(retry) => return Some(retry),
+        }
+    }
+
+    let previous: Vec<TargetCluster> = old_targets.to_vec();
+    let pending = pending_cleanups(existing);
+    let mut planned = plan(
+        context,
+        key,
+        resource,
+        Some(template),
+        &previous,
+        &desired.spec.clusters,
+        &pending,
+        false,
+        views,
+    );
+    let targets = desired.spec.clusters.clone();
+    let decision_changed = existing.is_none_or(|b| {
+        b.spec != desired.spec
+            || scheduler_status(b.status.as_ref()) != desired.status
+            || !b.finalizers().iter().any(|f| f == FINALIZER_CLEANUP)
+    });
+
+    // A changed decision is recorded before any copy acts on it: the binding is what
+    // keeps the previous placement known (the partition freeze, pending cleanups).
+    if existing.is_some() && decision_changed {
+        let built = status_or_previous(
+            resource, template, &targets, &planned, existing, &desired, now,
+        );
+        if !write_binding(context, key, &desired, existing, &built, true).await {
+            return Some(RETRY);
+        }
+    }
+    again = sooner(
+        again,
+        hand_off(context, key, &mut planned, desired.conflict_resolution),
+    );
+    if unsynced(&planned.members, &targets) {
+        // Its status waits for the lists; the copy cache's sync brings the template back.
+        return again;
+    }
+    let built = status::build(
+        resource,
+        template.metadata.generation,
+        &targets,
+        &planned.members,
+        &planned.plan,
+        existing,
+        desired.fence,
+        false,
+        now,
+    );
+    let binding_after = existing.is_none() || !decision_changed;
+    if binding_after {
+        again = sooner(
+            again,
+            write_binding_when_due(context, key, &desired, existing, &built, &planned.plan).await,
+        );
+    }
+    context.report(
+        key,
+        Some(TemplateReport {
+            conditions: built
+                .conditions
+                .iter()
+                .chain(
+                    desired
+                        .status
+                        .conditions
+                        .iter()
+                        .filter(|c| c.type_ == "Scheduled"),
+                )
+                .map(|c| (c.type_.clone(), c.status.clone()))
+                .collect(),
+            fenced: built.rows.iter().filter(|r| r.fenced).count() as i64,
+        }),
+    );
+    announce(
+        context,
+        key,
+        resource,
+        template,
+        existing,
+        &desired,
+        &evicted,
+        &built,
+        &planned.plan,
+        views,
+        now,
+    )
+    .await;
+    again = sooner(
+        again,
+        status::write_template_status(
+            context,
+            key,
+            resource,
+            template,
+            &targets,
+            &built.observations,
+            built.converged,
+            false,
+        )
+        .await,
+    );
+    again
+}
+
+/// The status to write beside a changed decision: built now when the members' copies are
+/// listed, the binding's previous status otherwise.
+fn status_or_previous(
+    resource: &ApiResource,
+    template: &DynamicObject,
+    targets: &[TargetCluster],
+    planned: &Planned,
+    existing: Option<&ResourceBinding>,
+    desired: &DesiredBinding,
+    now: jiff::Timestamp,
+) -> BuiltStatus {
+    if unsynced(&planned.members, targets) {
+        return BuiltStatus {
+            observations: vec![],
+            rows: previous_rows(existing).to_vec(),
+            conditions: propagation_conditions(existing),
+            converged: false,
+        };
+    }
+    status::build(
+        resource,
+        template.metadata.generation,
+        targets,
+        &planned.members,
+        &planned.plan,
+        existing,
+        desired.fence,
+        false,
+        now,
+    )
+}
+
+/// Writes the binding when its status changed and is due: a new binding or a changed
+/// status once it has converged (or waited [`STATUS_COALESCE`]); entering or leaving the
+/// partition freeze at once. Returns how long it still waits.
+async fn write_binding_when_due(
+    context: &Context,
+    key: &ObjectKey,
+    desired: &DesiredBinding,
+    existing: Option<&ResourceBinding>,
+    built: &BuiltStatus,
+    plan: &Plan,
+) -> Option<Duration> {
+    let status_key = binding_status_key(key);
+    let changed = existing.is_none_or(|b| {
+        previous_rows(Some(b)) != built.rows.as_slice()
+            || propagation_conditions(Some(b)) != built.conditions
+    });
+    if !changed {
+        context.status_written(&status_key);
+        return None;
+    }
+    let was_waiting = propagation_conditions(existing)
+        .iter()
+        .any(|c| c.type_ == "Propagated" && c.reason == WAITING_FOR_PARTITION);
+    let waiting_changed = was_waiting == plan.waiting_for.is_empty();
+    if !waiting_changed
+        && let Some(wait) = context.defer_status(&status_key, built.converged, STATUS_COALESCE)
+    {
+        return Some(wait);
+    }
+    if write_binding(context, key, desired, existing, built, false).await {
+        context.status_written(&status_key);
+        None
+    } else {
+        Some(RETRY)
+    }
+}
+
+/// The binding as the hub writes it: the decision and the whole status (the scheduler's
+/// part and the propagation rows and conditions) in one server-side apply.
+fn binding_object(desired: &DesiredBinding, built: &BuiltStatus) -> ResourceBinding {
+    let mut binding = ResourceBinding::new(&desired.name, desired.spec.clone());
+    binding.metadata.namespace = Some(desired.namespace.clone());
+    binding.metadata.owner_references = Some(vec![desired.owner.clone()]);
+    // The binding records the clusters that still hold a copy to clean up; it must
+    // outlive a template deleted with `--cascade=foreground` (the garbage collector then
+    // deletes the binding first). The hub releases it once the cleanup is done.
+    binding.metadata.finalizers = Some(vec![FINALIZER_CLEANUP.to_string()]);
+    binding.metadata.labels = Some(BTreeMap::from([(
+        LABEL_MANAGED_BY.to_string(),
+        "bulkhead".to_string(),
+    )]));
+    let mut status: ResourceBindingStatus = desired.status.clone();
+    status.clusters = built.rows.clone();
+    status
+        .conditions
+        .retain(|c| !status::PROPAGATION_CONDITIONS.contains(&c.type_.as_str()));
+    status.conditions.extend(built.conditions.iter().cloned());
+    binding.status = Some(status);
+    binding
+}
+
+/// One write of the binding (decision and status). Returns whether it is now as wanted.
+async fn write_binding(
+    context: &Context,
+    key: &ObjectKey,
+    desired: &DesiredBinding,
+    existing: Option<&ResourceBinding>,
+    built: &BuiltStatus,
+    decision: bool,
+) -> bool {
+    let object = binding_object(desired, built);
+    if let Some(existing) = existing
+        && existing.spec == object.spec
+        && existing.status == object.status
+        && existing.finalizers().iter().any(|f| f == FINALIZER_CLEANUP)
+    {
+        return true;
+    }
+    let api: Api<ResourceBinding> = Api::namespaced(context.hub.clone(), &desired.namespace);
+    match api
+        .patch(
+            &desired.name,
+            &PatchParams::apply(BINDING_FIELD_MANAGER).force(),
+            &Patch::Apply(&object),
+        )
+        .await
+    {
+        Ok(written) => {
+            context.count_write(if decision {
+                "binding"
+            } else {
+                "binding_status"
+            });
+            context.remember_binding(key, written);
+            true
+        }
+        Err(error) => {
+            tracing::warn!(binding = %format!("{}/{}", desired.namespace, desired.name), %error, "cannot write the ResourceBinding");
+            false
+        }
+    }
+}
+
+/// The JSON patch that adds or removes the cleanup finalizer without touching anyone
+/// else's: it tests the list (or the entry) it changes, so a concurrent change of the
+/// finalizers fails it, while a change of anything else (status, labels) does not.
+pub(super) fn finalizer_patch(current: &[String], present: bool) -> Option<Value> {
+    let index = current.iter().position(|f| f == FINALIZER_CLEANUP);
+    match (present, index) {
+        (true, Some(_)) | (false, None) => None,
+        (true, None) if current.is_empty() => Some(json!([
+            {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER_CLEANUP]}
+        ])),
+        (true, None) => Some(json!([
+            {"op": "test", "path": "/metadata/finalizers", "value": current},
+            {"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER_CLEANUP}
+        ])),
+        (false, Some(index)) => Some(json!([
+            {"op": "test", "path": format!("/metadata/finalizers/{index}"), "value": FINALIZER_CLEANUP},
+            {"op": "remove", "path": format!("/metadata/finalizers/{index}")}
+        ])),
+    }
+}
+
+async fn patch_finalizers<K>(api: &Api<K>, name: &str, patch: Value) -> Result<K, kube::Error>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let patch: json_patch::Patch = serde_json::from_value(patch).expect("a valid JSON patch");
+    api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
+        .await
+}
+
+async fn add_template_finalizer(
+    context: &Context,
+    key: &ObjectKey,
+    resource: &ApiResource,
+    template: &DynamicObject,
+) -> Result<(), Duration> {
+    let Some(patch) = finalizer_patch(template.finalizers(), true) else {
+        return Ok(());
+    };
+    let api = Api::<DynamicObject>::namespaced_with(context.hub.clone(), &key.namespace, resource);
+    match patch_finalizers(&api, &key.name, patch).await {
+        Ok(written) => {
+            context.count_write("finalizer");
+            context.remember_template(key, written);
+            Ok(())
+        }
+        Err(error) => Err(finalizer_error(key, &error)),
+    }
+}
+
+async fn remove_template_finalizer(
+    context: &Context,
+    key: &ObjectKey,
+    resource: &ApiResource,
+    template: &DynamicObject,
+) -> Option<Duration> {
+    let patch = finalizer_patch(template.finalizers(), false)?;
+    let api = Api::<DynamicObject>::namespaced_with(context.hub.clone(), &key.namespace, resource);
+    match patch_finalizers(&api, &key.name, patch).await {
+        Ok(written) => {
+            context.count_write("finalizer");
+            context.remember_template(key, written);
+            None
+        }
+        Err(error) if classify(&error) == ApiErrorKind::NotFound => None,
+        Err(error) => Some(finalizer_error(key, &error)),
+    }
+}
+
+fn finalizer_error(key: &ObjectKey, error: &kube::Error) -> Duration {
+    match classify(error) {
+        // The finalizers changed meanwhile (the test failed) or the object is gone: look
+        // again as soon as the store has the change.
+        ApiErrorKind::Conflict | ApiErrorKind::Invalid | ApiErrorKind::NotFound => {
+            Duration::from_millis(200)
+        }
+        _ => {
+            tracing::warn!(template = %format!("{}/{}", key.namespace, key.name), %error, "cannot update the template's finalizers");
+            RETRY
+        }
+    }
+}
+
+/// Removes the cleanup finalizer from a binding on its way out.
+async fn release_binding(context: &Context, binding: &ResourceBinding) {
+    let Some(patch) = finalizer_patch(binding.finalizers(), false) else {
+        return;
+    };
+    let namespace = binding.namespace().unwrap_or_default();
+    let api: Api<ResourceBinding> = Api::namespaced(context.hub.clone(), &namespace);
+    match patch_finalizers(&api, &binding.name_any(), patch).await {
+        Ok(_) => context.count_write("binding_finalizer"),
+        Err(error)
+            if matches!(
+                classify(&error),
+                ApiErrorKind::NotFound | ApiErrorKind::Conflict | ApiErrorKind::Invalid
+            ) => {}
+        Err(error) => {
+            tracing::warn!(binding = %binding.name_any(), %error, "cannot release the binding's finalizer")
+        }
+    }
+}
+
+/// Records when the hub first saw this generation of the template.
+fn note_generation(context: &Context, template: &DynamicObject) {
+    let uid = template.uid().unwrap_or_default();
+    let mut generations = context
+        .generations
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let generation = template.metadata.generation;
+    if generations
+        .get(&uid)
+        .is_none_or(|(seen, _, _)| *seen != generation)
+    {
+        generations.insert(uid, (generation, std::time::Instant::now(), false));
+    }
+}
+
+/// Events and failover metrics for what this reconcile changed.
+#[allow(clippy::too_many_arguments)]
+async fn announce(
+    context: &Context,
+    key: &ObjectKey,
+    resource: &ApiResource,
+    template: &DynamicObject,
+    existing: Option<&ResourceBinding>,
+    desired: &DesiredBinding,
+    evicted: &[(String, i32)],
+    built: &BuiltStatus,
+    plan: &Plan,
+    views: &[ClusterView],
+    now: jiff::Timestamp,
+) {
+    let template_ref = template.object_ref(resource);
+    let name = format!("{}/{}", key.namespace, desired.name);
+    if !evicted.is_empty() {
+        let placement: Vec<String> = desired
+            .spec
+            .clusters
+            .iter()
+            .map(|t| format!("{}={}", t.name, t.replicas))
+            .collect();
+        for (cluster, moved) in evicted {
+            context
+                .metrics
+                .evictions
+                .get_or_create(&ClusterLabel {
+                    cluster: cluster.clone(),
+                })
+                .inc();
+            let why = desired
+                .status
+                .decisions
+                .iter()
+                .find(|d| &d.cluster == cluster)
+                .map(|d| d.reason.clone())
+                .unwrap_or_default();
+            let note = format!(
+                "moved {moved} replica(s) off {cluster} ({why}); placement now {}",
+                placement.join(", ")
+            );
+            tracing::warn!(binding = %name, %note, "evicted");
+            context
+                .event_both(&template_ref, existing, EventType::Warning, "Evicted", note)
+                .await;
+            if let Some(added) = views.iter().find(|v| &v.name == cluster).and_then(|v| {
+                v.taints
+                    .iter()
+                    .filter(|t| crate::hub::taints::is_hub_taint(t))
+                    .filter_map(|t| t.time_added.as_ref())
+                    .map(|t| t.0)
+                    .min()
+            }) {
+                context
+                    .failovers
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(key.clone(), added);
+            }
+        }
+    }
+    let was_waiting = propagation_conditions(existing)
+        .iter()
+        .any(|c| c.type_ == "Propagated" && c.reason == WAITING_FOR_PARTITION);
+    if !plan.waiting_for.is_empty() && !was_waiting {
+        let note = format!(
+            "placement change waits for the partition to heal: {} not Ready; the copies in {} are kept as they are (nothing is deleted or shrunk) until then",
+            plan.waiting_for.join(", "),
+            plan.held.join(", ")
+        );
+        tracing::warn!(template = %template.name_any(), %note, "waiting for partition");
+        context
+            .event_both(
+                &template_ref,
+                existing,
+                EventType::Warning,
+                WAITING_FOR_PARTITION,
+                note,
+            )
+            .await;
+    } else if plan.waiting_for.is_empty() && was_waiting {
+        context
+            .event_both(
+                &template_ref,
+                existing,
+                EventType::Normal,
+                "PartitionHealed",
+                "every cluster of the placement is Ready again: the waiting placement change goes ahead (make-before-break)".into(),
+            )
+            .await;
+    }
+    let Some(binding) = existing else {
+        return;
+    };
+    let previous = previous_rows(existing);
+    for row in built.rows.iter().filter(|r| r.fenced) {
+        if !previous.iter().any(|p| p.name == row.name && p.fenced) {
+            let note = format!(
+                "{} is unreachable: its {} placement stays where its data is and is assumed fenced read-only by the member's agent",
+                row.name, resource.kind
+            );
+            context
+                .event_both(
+                    &template_ref,
+                    Some(binding),
+                    EventType::Warning,
+                    "Fenced",
+                    note,
+                )
+                .await;
+        }
+    }
+    for row in previous.iter().filter(|p| p.fenced) {
+        if built.rows.iter().any(|r| r.name == row.name && !r.fenced) {
+            let note = format!(
+                "{} is reachable again: its {} placement is no longer assumed fenced (the agent lifts the fence once the hub's lease is fresh again)",
+                row.name, resource.kind
+            );
+            context
+                .event_both(
+                    &template_ref,
+                    Some(binding),
+                    EventType::Normal,
+                    "Unfenced",
+                    note,
+                )
+                .await;
+        }
+    }
+    // Time from taint to the evicted replicas Ready elsewhere.
+    let healthy = built
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Healthy" && c.status == "True");
+    let tainted = if healthy {
+        context
+            .failovers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key)
+    } else {
+        None
+    };
+    if let Some(tainted) = tainted {
+        let seconds = (now.as_millisecond() - tainted.as_millisecond()) as f64 / 1000.0;
+        tracing::info!(binding = %name, seconds, "evicted replicas Ready elsewhere");
+        context.metrics.failover_ready.observe(seconds.max(0.0));
+        context
+            .event(
+                &binding.object_ref(&()),
+                EventType::Normal,
+                "FailoverComplete",
+                format!("evicted replicas Ready elsewhere {seconds:.1}s after the cluster's taint"),
+            )
+            .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_finalizer_patch_touches_only_the_hubs_entry() {
+        assert_eq!(
+            finalizer_patch(&[], true).unwrap(),
+            json!([{"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER_CLEANUP]}])
+        );
+        let others = vec!["example.com/other".to_string()];
+        assert_eq!(
+            finalizer_patch(&others, true).unwrap(),
+            json!([
+                {"op": "test", "path": "/metadata/finalizers", "value": ["example.com/other"]},
+                {"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER_CLEANUP}
+            ])
+        );
+        let both = vec![
+            "example.com/other".to_string(),
+            FINALIZER_CLEANUP.to_string(),
+        ];
+        assert_eq!(
+            finalizer_patch(&both, false).unwrap(),
+            json!([
+                {"op": "test", "path": "/metadata/finalizers/1", "value": FINALIZER_CLEANUP},
+                {"op": "remove", "path": "/metadata/finalizers/1"}
+            ])
+        );
+        assert!(finalizer_patch(&both, true).is_none());
+        assert!(finalizer_patch(&others, false).is_none());
+        // Every patch parses as RFC 6902.
+        for patch in [
+            finalizer_patch(&[], true),
+            finalizer_patch(&others, true),
+            finalizer_patch(&both, false),
+        ] {
+            serde_json::from_value::<json_patch::Patch>(patch.unwrap()).unwrap();
+        }
+    }
+
+    #[test]
+    fn sooner_takes_the_earliest_wait() {
+        let s = Duration::from_secs;
+        assert_eq!(sooner(Some(s(3)), Some(s(1))), Some(s(1)));
+        assert_eq!(sooner(None, Some(s(2))), Some(s(2)));
+        assert_eq!(sooner(Some(s(2)), None), Some(s(2)));
+        assert_eq!(sooner(None, None), None);
+    }
+}

@@ -1,0 +1,841 @@
+//! Member writers: one per member cluster, applying and deleting the hub's copies there.
+//!
+//! A reconcile decides what each member should hold and hands it over ([`Writers::want`]);
+//! it never waits for a member. Each writer is a keyed queue (the latest wanted state of a
+//! copy wins; a copy is written by one worker at a time) with bounded concurrency, so a
+//! slow or cut-off member delays only its own copies. Failures are retried with
+//! exponential backoff while the copy is still wanted. What each write returned is kept
+//! ([`Writers::fresh`]): while the member's watch lags, the hub decides on the response,
+//! not on the stale cache, and never writes the same thing twice.
+//!
+//! There is no read before an apply. An object of the same name that is not the hub's
+//! (conflictResolution) is found by one metadata-only list per member, namespace and kind,
+//! kept for a few seconds, so a burst into one namespace costs one list. A missing
+//! namespace is created once, when an apply says it is missing.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+    Preconditions,
+};
+use kube::{Api, ResourceExt};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::propagation_policy::ConflictResolution;
+use crate::api::{ANNOTATION_TEMPLATE_DELETED, LABEL_MANAGED_BY};
+use crate::error::{ApiErrorKind, classify};
+use crate::hub::Registry;
+use crate::hub::federation::copies::{MANAGED_BY, Ownership, ownership};
+use crate::hub::federation::kinds::is_stateful;
+use crate::hub::federation::queue::WorkQueue;
+
+/// Field manager of the hub's member copies.
+pub const FIELD_MANAGER: &str = "bulkhead-hub";
+
+/// Copies a member writer writes at once (the member's bulk client allows as many
+/// requests in flight).
+pub const WORKERS_PER_MEMBER: usize = crate::hub::members::MAX_REQUESTS_IN_FLIGHT;
+
+/// How long a list of a namespace's objects of one kind answers conflict checks.
+const LIST_VALID: Duration = Duration::from_secs(5);
+
+/// Backoff of a failed write: doubling from this...
+const BACKOFF_START: Duration = Duration::from_millis(500);
+/// ...up to this.
+const BACKOFF_MAX: Duration = Duration::from_secs(60);
+
+/// A template, and in a member the copy of it: kind (index into the hub's kinds),
+/// namespace and name are the same on both sides.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectKey {
+    pub kind: usize,
+    pub namespace: String,
+    pub name: String,
+}
+
+/// What a member should do with a copy.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CopyOp {
+    /// Server-side apply of `object`.
+    Apply {
+        object: Value,
+        /// The hub knows of no managed copy there: an object of the same name that is
+        /// not the hub's is a conflict (unless `resolution` is Overwrite).
+        check_conflict: bool,
+        resolution: ConflictResolution,
+    },
+    /// Delete the copy with this UID.
+    Delete {
+        uid: Option<String>,
+        /// The user deleted the template: a stateful copy is marked first so its agent
+        /// may apply `reclaimPolicy: Delete`.
+        template_deleted: bool,
+    },
+}
+
+impl CopyOp {
+    fn fingerprint(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        match self {
+            CopyOp::Apply {
+                object,
+                check_conflict,
+                resolution,
+            } => {
+                "apply".hash(&mut hasher);
+                object.to_string().hash(&mut hasher);
+                check_conflict.hash(&mut hasher);
+                format!("{resolution:?}").hash(&mut hasher);
+            }
+            CopyOp::Delete {
+                uid,
+                template_deleted,
+            } => {
+                "delete".hash(&mut hasher);
+                uid.hash(&mut hasher);
+                template_deleted.hash(&mut hasher);
+            }
+        }
+        hasher.finish()
+    }
+
+    fn verb(&self) -> &'static str {
+        match self {
+            CopyOp::Apply { .. } => "apply",
+            CopyOp::Delete { .. } => "delete",
+        }
+    }
+}
+
+/// What a member said to a write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Done,
+    /// An object of the same name is not the hub's; left untouched.
+    Conflict(String),
+    Failed(String),
+}
+
+/// What the member returned to the last write, newer than the watch may be.
+#[derive(Clone, Debug)]
+enum Fresh {
+    Object(Arc<DynamicObject>),
+    /// Deleted (gone at once, no finalizer held it), with the UID it had.
+    Gone(Option<String>),
+}
+
+/// The state of one copy in a writer.
+#[derive(Clone, Debug)]
+struct Record {
+    op: CopyOp,
+    fingerprint: u64,
+    /// None while queued or being written.
+    outcome: Option<Outcome>,
+    finished: Option<Instant>,
+    attempts: u32,
+    /// Still wanted (false after [`Writers::forget`]): retries stop.
+    wanted: bool,
+    fresh: Option<Fresh>,
+}
+
+/// A finished write, reported to the federation controller.
+#[derive(Clone, Debug)]
+pub struct Completed {
+    pub cluster: String,
+    pub key: ObjectKey,
+    pub verb: &'static str,
+    pub outcome: Outcome,
+}
+
+/// What the federation controller learns from the writers about one copy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CopyState {
+    /// The op is the last one handed over (same fingerprint).
+    pub current: bool,
+    /// None while it waits or is being written.
+    pub outcome: Option<Outcome>,
+    /// Seconds since it finished.
+    pub finished_ago: Option<Duration>,
+    /// An apply is queued or being written (whatever is wanted now): a copy may appear.
+    pub applying: bool,
+}
+
+/// When a namespace's objects of one kind were listed, and the names there that are not
+/// the hub's copies, with their metadata as JSON.
+type Listed = (Instant, HashMap<String, Value>);
+
+struct MemberWriter {
+    cluster: String,
+    queue: WorkQueue<ObjectKey>,
+    records: Mutex<HashMap<ObjectKey, Record>>,
+    /// (kind, namespace) -> when listed, and the names there that are not the hub's
+    /// copies with their metadata as JSON.
+    listed: Mutex<HashMap<(usize, String), Listed>>,
+    namespaces: Mutex<HashSet<String>>,
+}
+
+impl MemberWriter {
+    fn records(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, Record>> {
+        self.records.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn all_writers(inner: &Inner) -> Vec<Arc<MemberWriter>> {
+    inner
+        .writers
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .values()
+        .cloned()
+        .collect()
+}
+
+/// Counts member API calls (cluster, verb, ok).
+pub type CallCounter = Arc<dyn Fn(&str, &str, bool) + Send + Sync>;
+
+/// Every member's writer. Cheap to clone.
+#[derive(Clone)]
+pub struct Writers {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    registry: Registry,
+    kinds: Vec<ApiResource>,
+    writers: Mutex<BTreeMap<String, Arc<MemberWriter>>>,
+    completed: mpsc::UnboundedSender<Completed>,
+    count_call: CallCounter,
+    shutdown: CancellationToken,
+}
+
+impl Writers {
+    /// Writers for the members of `registry`; finished writes are sent to `completed`.
+    pub fn new(
+        registry: Registry,
+        kinds: Vec<ApiResource>,
+        completed: mpsc::UnboundedSender<Completed>,
+        count_call: CallCounter,
+        shutdown: CancellationToken,
+    ) -> Self {
+        Writers {
+            inner: Arc::new(Inner {
+                registry,
+                kinds,
+                writers: Mutex::default(),
+                completed,
+                count_call,
+                shutdown,
+            }),
+        }
+    }
+
+    fn writer(&self, cluster: &str) -> Arc<MemberWriter> {
+        let mut writers = self.inner.writers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(writer) = writers.get(cluster) {
+            return writer.clone();
+        }
+        let writer = Arc::new(MemberWriter {
+            cluster: cluster.to_string(),
+            queue: WorkQueue::default(),
+            records: Mutex::default(),
+            listed: Mutex::default(),
+            namespaces: Mutex::default(),
+        });
+        for _ in 0..WORKERS_PER_MEMBER {
+            tokio::spawn(work(self.inner.clone(), writer.clone()));
+        }
+        writers.insert(cluster.to_string(), writer.clone());
+        writer
+    }
+
+    fn existing(&self, cluster: &str) -> Option<Arc<MemberWriter>> {
+        self.inner
+            .writers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(cluster)
+            .cloned()
+    }
+
+    /// Hands `op` for `key` to `cluster`'s writer, unless the same op is already queued,
+    /// being written, or being retried after a failure (the writer owns its retries), or
+    /// it finished less than `again_after` ago (a member that rewrites a field the hub
+    /// sets must not turn into a write loop). Returns whether it was queued.
+    pub fn want(&self, cluster: &str, key: &ObjectKey, op: CopyOp, again_after: Duration) -> bool {
+        let writer = self.writer(cluster);
+        let fingerprint = op.fingerprint();
+        {
+            let mut records = writer.records();
+            if let Some(record) = records.get_mut(key)
+                && record.fingerprint == fingerprint
+            {
+                let was_wanted = std::mem::replace(&mut record.wanted, true);
+                let recent = record.finished.is_some_and(|at| at.elapsed() < again_after);
+                match &record.outcome {
+                    None => return false,
+                    Some(Outcome::Done) if recent => return false,
+                    Some(Outcome::Done) => {}
+                    // Its retry is scheduled (unless it was forgotten meanwhile).
+                    Some(_) if was_wanted => return false,
+                    Some(_) => {}
+                }
+            }
+            let fresh = records.get(key).and_then(|r| r.fresh.clone());
+            records.insert(
+                key.clone(),
+                Record {
+                    op,
+                    fingerprint,
+                    outcome: None,
+                    finished: None,
+                    attempts: 0,
+                    wanted: true,
+                    fresh,
+                },
+            );
+        }
+        writer.queue.cancel_delayed(key);
+        writer.queue.add(key.clone());
+        true
+    }
+
+    /// The copy is no longer wanted in `cluster` (the plan has nothing to do there): a
+    /// queued write or a pending retry does not run. What the last write returned is
+    /// kept.
+    pub fn forget(&self, cluster: &str, key: &ObjectKey) {
+        if let Some(writer) = self.existing(cluster) {
+            let mut records = writer.records();
+            if let Some(record) = records.get_mut(key) {
+                record.wanted = false;
+                if record.outcome.is_some() {
+                    writer.queue.cancel_delayed(key);
+                }
+            }
+        }
+    }
+
+    /// Forgets everything about `key` in every member (the template is gone).
+    pub fn forget_everywhere(&self, key: &ObjectKey) {
+        for writer in all_writers(&self.inner) {
+            let mut records = writer.records();
+            if records.get(key).is_some_and(|r| r.outcome.is_some()) {
+                records.remove(key);
+                writer.queue.cancel_delayed(key);
+            }
+        }
+    }
+
+    /// The state of the last op handed over for `key` in `cluster`, judged against `op`
+    /// (None: nothing to do there now).
+    pub fn state(&self, cluster: &str, key: &ObjectKey, op: Option<&CopyOp>) -> Option<CopyState> {
+        let writer = self.existing(cluster)?;
+        let records = writer.records();
+        let record = records.get(key)?;
+        Some(CopyState {
+            current: op.is_some_and(|op| op.fingerprint() == record.fingerprint),
+            outcome: record.outcome.clone(),
+            finished_ago: record.finished.map(|at| at.elapsed()),
+            applying: record.outcome.is_none() && matches!(record.op, CopyOp::Apply { .. }),
+        })
+    }
+
+    /// The freshest copy the hub knows in `cluster`: what the member returned to the
+    /// hub's last write when the watch (`cached`) has not caught up with it yet.
+    pub fn fresh(
+        &self,
+        cluster: &str,
+        key: &ObjectKey,
+        cached: Option<Arc<DynamicObject>>,
+    ) -> Option<Arc<DynamicObject>> {
+        let Some(writer) = self.existing(cluster) else {
+            return cached;
+        };
+        let mut records = writer.records();
+        let Some(record) = records.get_mut(key) else {
+            return cached;
+        };
+        match (&record.fresh, &cached) {
+            (None, _) => cached,
+            (Some(Fresh::Object(written)), Some(seen)) => {
+                if newer_or_same(seen, written) {
+                    record.fresh = None;
+                    cached
+                } else {
+                    Some(written.clone())
+                }
+            }
+            (Some(Fresh::Object(written)), None) => Some(written.clone()),
+            (Some(Fresh::Gone(uid)), Some(seen)) => {
+                if seen.metadata.uid.is_some() && seen.metadata.uid != *uid {
+                    // A new object since: the watch knows better.
+                    record.fresh = None;
+                    cached
+                } else {
+                    None
+                }
+            }
+            (Some(Fresh::Gone(_)), None) => {
+                record.fresh = None;
+                None
+            }
+        }
+    }
+
+    /// Copies waiting, being written or scheduled for a retry, over every member.
+    pub fn pending(&self) -> usize {
+        all_writers(&self.inner)
+            .iter()
+            .map(|w| {
+                w.records()
+                    .values()
+                    .filter(|r| r.outcome.is_none() && r.wanted)
+                    .count()
+            })
+            .sum()
+    }
+}
+
+/// Whether the watched object is at least as new as the written one (resourceVersions
+/// are compared as numbers, which every Kubernetes API server uses; anything else is
+/// taken as newer, so the watch wins).
+fn newer_or_same(seen: &DynamicObject, written: &DynamicObject) -> bool {
+    if seen.metadata.uid != written.metadata.uid {
+        return true;
+    }
+    let version = |o: &DynamicObject| {
+        o.metadata
+            .resource_version
+            .as_deref()
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    match (version(seen), version(written)) {
+        (Some(seen), Some(written)) => seen >= written,
+        _ => true,
+    }
+}
+
+fn backoff(attempts: u32) -> Duration {
+    let factor = 2u32.saturating_pow(attempts.saturating_sub(1).min(16));
+    BACKOFF_START.saturating_mul(factor).min(BACKOFF_MAX)
+}
+
+/// One worker of a member writer.
+async fn work(inner: Arc<Inner>, writer: Arc<MemberWriter>) {
+    while let Some(key) = writer.queue.next(&inner.shutdown).await {
+        let op = {
+            let mut records = writer.records();
+            if records
+                .get(&key)
+                .is_some_and(|r| r.outcome.is_none() && !r.wanted)
+            {
+                // Forgotten before it ran: nothing to write, nothing to remember.
+                records.remove(&key);
+            }
+            records
+                .get(&key)
+                .filter(|r| r.outcome.is_none())
+                .map(|r| (r.op.clone(), r.fingerprint))
+        };
+        if let Some((op, fingerprint)) = op {
+            let (outcome, fresh, retry) = execute(&inner, &writer, &key, &op).await;
+            let report = {
+                let mut records = writer.records();
+                match records.get_mut(&key) {
+                    // A newer op replaced this one while it was written: it is queued.
+                    Some(record) if record.fingerprint != fingerprint => None,
+                    Some(record) => {
+                        record.outcome = Some(outcome.clone());
+                        record.finished = Some(Instant::now());
+                        if fresh.is_some() {
+                            record.fresh = fresh;
+                        }
+                        if outcome == Outcome::Done {
+                            record.attempts = 0;
+                        } else {
+                            record.attempts += 1;
+                            if retry && record.wanted {
+                                writer
+                                    .queue
+                                    .add_after(key.clone(), backoff(record.attempts));
+                                // Queued again: the retry runs when the delay is over.
+                                record.outcome = Some(outcome.clone());
+                            }
+                        }
+                        Some(outcome)
+                    }
+                    None => None,
+                }
+            };
+            if let Some(outcome) = report {
+                let _ = inner.completed.send(Completed {
+                    cluster: writer.cluster.clone(),
+                    key: key.clone(),
+                    verb: op.verb(),
+                    outcome,
+                });
+            }
+        } else if let Some(record) = writer.records().get_mut(&key)
+            && record.wanted
+            && record.outcome.as_ref().is_some_and(|o| *o != Outcome::Done)
+        {
+            // A retry that came due: write again.
+            record.outcome = None;
+            writer.queue.add(key.clone());
+        }
+        writer.queue.done(&key);
+    }
+}
+
+fn member_api(
+    inner: &Inner,
+    cluster: &str,
+    key: &ObjectKey,
+) -> Option<(Api<DynamicObject>, ApiResource)> {
+    let resource = inner.kinds.get(key.kind)?.clone();
+    let client = inner.registry.get(cluster)?.client()?.clone();
+    Some((
+        Api::namespaced_with(client, &key.namespace, &resource),
+        resource,
+    ))
+}
+
+/// Writes one op. Returns the outcome, what the member returned, and whether a failure
+/// is worth retrying.
+async fn execute(
+    inner: &Inner,
+    writer: &MemberWriter,
+    key: &ObjectKey,
+    op: &CopyOp,
+) -> (Outcome, Option<Fresh>, bool) {
+    let cluster = writer.cluster.as_str();
+    let Some((api, resource)) = member_api(inner, cluster, key) else {
+        return (
+            Outcome::Failed(format!("no credentials for {cluster}")),
+            None,
+            true,
+        );
+    };
+    match op {
+        CopyOp::Apply {
+            object,
+            check_conflict,
+            resolution,
+        } => {
+            if *check_conflict {
+                match existing_unmanaged(inner, writer, key, &api).await {
+                    Ok(Some(found)) => match ownership(Some(&found), *resolution, cluster) {
+                        Ownership::Conflict(message) => {
+                            return (Outcome::Conflict(message), None, true);
+                        }
+                        Ownership::TakeOver => {
+                            tracing::info!(cluster, namespace = %key.namespace, name = %key.name, kind = %resource.kind, "taking over an unmanaged object (conflictResolution: Overwrite)");
+                        }
+                        Ownership::Apply => {}
+                    },
+                    Ok(None) => {}
+                    Err(error) => {
+                        return (
+                            Outcome::Failed(format!(
+                                "cannot list the {} objects in {cluster}: {}",
+                                resource.kind,
+                                short(&error)
+                            )),
+                            None,
+                            true,
+                        );
+                    }
+                }
+            }
+            apply(inner, writer, key, &api, &resource, object).await
+        }
+        CopyOp::Delete {
+            uid,
+            template_deleted,
+        } => delete(inner, cluster, key, &api, &resource, uid, *template_deleted).await,
+    }
+}
+
+/// The object of `key`'s name in the member when it is not one of the hub's copies, from
+/// a recent metadata-only list of its namespace.
+async fn existing_unmanaged(
+    inner: &Inner,
+    writer: &MemberWriter,
+    key: &ObjectKey,
+    api: &Api<DynamicObject>,
+) -> Result<Option<Value>, kube::Error> {
+    let slot = (key.kind, key.namespace.clone());
+    {
+        let listed = writer.listed.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, names)) = listed.get(&slot)
+            && at.elapsed() < LIST_VALID
+        {
+            return Ok(names.get(&key.name).cloned());
+        }
+    }
+    let list = api.list_metadata(&ListParams::default()).await;
+    (inner.count_call)(&writer.cluster, "list", list.is_ok());
+    let list = list?;
+    let kind = inner
+        .kinds
+        .get(key.kind)
+        .map(|r| r.kind.clone())
+        .unwrap_or_default();
+    let names: HashMap<String, Value> = list
+        .items
+        .into_iter()
+        .filter(|o| {
+            o.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(LABEL_MANAGED_BY))
+                .map(String::as_str)
+                != Some(MANAGED_BY)
+        })
+        .map(|o| {
+            let name = o.metadata.name.clone().unwrap_or_default();
+            let value = json!({
+                "kind": kind,
+                "metadata": {
+                    "name": name,
+                    "namespace": key.namespace,
+                    "labels": o.metadata.labels,
+                },
+            });
+            (name, value)
+        })
+        .collect();
+    let found = names.get(&key.name).cloned();
+    writer
+        .listed
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(slot, (Instant::now(), names));
+    Ok(found)
+}
+
+async fn apply(
+    inner: &Inner,
+    writer: &MemberWriter,
+    key: &ObjectKey,
+    api: &Api<DynamicObject>,
+    resource: &ApiResource,
+    object: &Value,
+) -> (Outcome, Option<Fresh>, bool) {
+    let cluster = writer.cluster.as_str();
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let mut result = api.patch(&key.name, &params, &Patch::Apply(object)).await;
+    let namespace_known = writer
+        .namespaces
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .contains(&key.namespace);
+    if let Err(error) = &result
+        && classify(error) == ApiErrorKind::NotFound
+    {
+        (inner.count_call)(cluster, "apply", false);
+        if !namespace_known && ensure_namespace(inner, cluster, &key.namespace).await {
+            result = api.patch(&key.name, &params, &Patch::Apply(object)).await;
+        }
+    }
+    (inner.count_call)(cluster, "apply", result.is_ok());
+    match result {
+        Ok(mut written) => {
+            writer
+                .namespaces
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(key.namespace.clone());
+            written.managed_fields_mut().clear();
+            (Outcome::Done, Some(Fresh::Object(Arc::new(written))), false)
+        }
+        Err(error) => {
+            let kind = classify(&error);
+            tracing::warn!(cluster, namespace = %key.namespace, name = %key.name, kind = %resource.kind, error = %short(&error), "cannot apply the copy");
+            if kind == ApiErrorKind::NotFound {
+                // The namespace may have gone since: look again next time.
+                writer
+                    .namespaces
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&key.namespace);
+            }
+            (
+                Outcome::Failed(format!("apply failed in {cluster}: {}", short(&error))),
+                None,
+                true,
+            )
+        }
+    }
+}
+
+/// Creates the namespace in the member (create, not apply: the hub may create
+/// namespaces but never changes one it did not make).
+async fn ensure_namespace(inner: &Inner, cluster: &str, namespace: &str) -> bool {
+    let Some(client) = inner
+        .registry
+        .get(cluster)
+        .and_then(|h| h.client().cloned())
+    else {
+        return false;
+    };
+    let api: Api<Namespace> = Api::all(client);
+    let object = Namespace {
+        metadata: kube::api::ObjectMeta {
+            name: Some(namespace.to_string()),
+            labels: Some(BTreeMap::from([(
+                LABEL_MANAGED_BY.to_string(),
+                MANAGED_BY.to_string(),
+            )])),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let result = api.create(&PostParams::default(), &object).await;
+    let ok = match &result {
+        Ok(_) => true,
+        Err(error) => classify(error) == ApiErrorKind::Conflict,
+    };
+    (inner.count_call)(cluster, "create_namespace", ok);
+    if let Err(error) = &result
+        && !ok
+    {
+        tracing::warn!(cluster, namespace, error = %short(error), "cannot create the namespace");
+    }
+    ok
+}
+
+async fn delete(
+    inner: &Inner,
+    cluster: &str,
+    key: &ObjectKey,
+    api: &Api<DynamicObject>,
+    resource: &ApiResource,
+    uid: &Option<String>,
+    template_deleted: bool,
+) -> (Outcome, Option<Fresh>, bool) {
+    if template_deleted && is_stateful(&resource.api_version, &resource.kind) {
+        // The user deleted the template: say so on the copy, so its agent may apply
+        // `reclaimPolicy: Delete`. A copy deleted without this mark keeps its volumes.
+        let mark = json!({"metadata": {"annotations": {ANNOTATION_TEMPLATE_DELETED: "true"}}});
+        let marked = api
+            .patch(&key.name, &PatchParams::default(), &Patch::Merge(&mark))
+            .await;
+        (inner.count_call)(cluster, "mark_deleted", marked.is_ok());
+        match marked {
+            Ok(_) => {}
+            Err(error) if classify(&error) == ApiErrorKind::NotFound => {
+                return (Outcome::Done, Some(Fresh::Gone(uid.clone())), false);
+            }
+            Err(error) => {
+                return (
+                    Outcome::Failed(format!(
+                        "cannot mark the copy in {cluster} as deleted by the user: {}",
+                        short(&error)
+                    )),
+                    None,
+                    true,
+                );
+            }
+        }
+    }
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::background()
+    };
+    let result = api.delete(&key.name, &params).await;
+    (inner.count_call)(cluster, "delete", result.is_ok());
+    match result {
+        Ok(either) => {
+            tracing::info!(cluster, namespace = %key.namespace, name = %key.name, kind = %resource.kind, "deleted the copy");
+            let fresh = match either {
+                either::Either::Left(mut object) => {
+                    object.managed_fields_mut().clear();
+                    Fresh::Object(Arc::new(object))
+                }
+                either::Either::Right(_) => Fresh::Gone(uid.clone()),
+            };
+            (Outcome::Done, Some(fresh), false)
+        }
+        Err(error)
+            if matches!(
+                classify(&error),
+                ApiErrorKind::NotFound | ApiErrorKind::Conflict
+            ) =>
+        {
+            (Outcome::Done, Some(Fresh::Gone(uid.clone())), false)
+        }
+        Err(error) => (
+            Outcome::Failed(format!("delete failed in {cluster}: {}", short(&error))),
+            None,
+            true,
+        ),
+    }
+}
+
+/// An API error's message without the whole Status dump.
+pub fn short(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(status) => format!("{} ({})", status.message, status.code),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(uid: &str, version: &str) -> DynamicObject {
+        let mut o = DynamicObject::new(
+            "web",
+            &ApiResource::erase::<k8s_openapi::api::apps::v1::Deployment>(&()),
+        );
+        o.metadata.uid = Some(uid.into());
+        o.metadata.resource_version = Some(version.into());
+        o
+    }
+
+    #[test]
+    fn the_watch_wins_once_it_has_caught_up() {
+        assert!(!newer_or_same(&object("a", "9"), &object("a", "10")));
+        assert!(newer_or_same(&object("a", "10"), &object("a", "10")));
+        assert!(newer_or_same(&object("a", "11"), &object("a", "10")));
+        // Another object (deleted and created again): the watch knows better.
+        assert!(newer_or_same(&object("b", "1"), &object("a", "10")));
+        // Versions that are not numbers: never trust the older response.
+        assert!(newer_or_same(&object("a", "x"), &object("a", "10")));
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_a_minute() {
+        assert_eq!(backoff(1), Duration::from_millis(500));
+        assert_eq!(backoff(2), Duration::from_secs(1));
+        assert_eq!(backoff(4), Duration::from_secs(4));
+        assert_eq!(backoff(30), BACKOFF_MAX);
+    }
+
+    #[test]
+    fn the_same_op_has_the_same_fingerprint() {
+        let apply = |replicas: i64| CopyOp::Apply {
+            object: json!({"spec": {"replicas": replicas}}),
+            check_conflict: false,
+            resolution: ConflictResolution::Abort,
+        };
+        assert_eq!(apply(3).fingerprint(), apply(3).fingerprint());
+        assert_ne!(apply(3).fingerprint(), apply(4).fingerprint());
+        let delete = CopyOp::Delete {
+            uid: Some("u".into()),
+            template_deleted: false,
+        };
+        assert_ne!(apply(3).fingerprint(), delete.fingerprint());
+    }
+}
