@@ -30,6 +30,10 @@ pub const LABEL_MANAGED_BY: &str = "federation.example.com/managed-by";
 /// deletion is the user's, so `spec.storage.reclaimPolicy: Delete` may delete the volumes;
 /// a copy deleted without it (placement change, unjoin) always keeps them.
 pub const ANNOTATION_TEMPLATE_DELETED: &str = "federation.example.com/template-deleted";
+/// Annotation on every member copy: a hash of everything else the hub applied. The hub
+/// keeps only a summary of each copy (not its body), and tells by this hash whether the
+/// copy already holds what it would apply.
+pub const ANNOTATION_APPLIED_HASH: &str = "federation.example.com/applied-hash";
 /// Label naming the template a member copy belongs to: a hash of `<namespace>.<name>`
 /// (always a valid label value); the annotation of the same key holds the full name.
 pub const LABEL_BINDING: &str = "federation.example.com/binding";

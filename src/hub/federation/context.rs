@@ -230,6 +230,7 @@ pub(super) struct Context {
     pub metrics: ControllerMetrics,
     pub kinds: Vec<ApiResource>,
     pub stores: Stores,
+    pub bodies: Bodies,
     pub queue: WorkQueue<ObjectKey>,
     pub evictions: Mutex<RateLimit>,
     /// Template UID -> (generation, when the hub first saw it, whether its applies have
@@ -289,10 +290,45 @@ fn fresher<K: Resource>(
     }
 }
 
-/// Removes what only the hub's reader needs from a template: managed fields and kubectl's
-/// last-applied copy of the whole object. A LIST returns built-in objects without
+/// Every template's body (everything but metadata and status) as compact JSON text, by
+/// template: the stores keep only metadata, `spec.replicas` and status, and the body is
+/// read when a copy is built. Text is a fraction of the memory of a parsed JSON tree.
+#[derive(Clone, Default)]
+pub struct Bodies(Arc<Mutex<HashMap<ObjectKey, Arc<str>>>>);
+
+impl Bodies {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, Arc<str>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn get(&self, key: &ObjectKey) -> Option<Arc<str>> {
+        self.lock().get(key).cloned()
+    }
+
+    pub fn remove(&self, key: &ObjectKey) {
+        self.lock().remove(key);
+    }
+
+    /// Templates whose body is held.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Reduces a template to what the hub's store keeps, and moves its body into `bodies`:
+/// no managed fields, no kubectl last-applied copy of the whole object, and of the data
+/// only `spec.replicas` and `status`. A LIST returns built-in objects without
 /// apiVersion/kind (only watch events carry them): they are set here.
-pub(super) fn slim_template(object: &mut DynamicObject, resource: &ApiResource) {
+pub(super) fn slim_template(
+    object: &mut DynamicObject,
+    resource: &ApiResource,
+    kind: usize,
+    bodies: &Bodies,
+) {
     object.types = Some(kube::api::TypeMeta {
         api_version: resource.api_version.clone(),
         kind: resource.kind.clone(),
@@ -301,6 +337,40 @@ pub(super) fn slim_template(object: &mut DynamicObject, resource: &ApiResource) 
     object
         .annotations_mut()
         .remove("kubectl.kubernetes.io/last-applied-configuration");
+    let mut data = std::mem::take(&mut object.data);
+    let mut kept = serde_json::Map::new();
+    if let Some(map) = data.as_object_mut() {
+        if let Some(status) = map.remove("status") {
+            kept.insert("status".into(), status);
+        }
+        if let Some(replicas) = map.get("spec").and_then(|s| s.get("replicas")) {
+            kept.insert(
+                "spec".into(),
+                serde_json::json!({"replicas": replicas.clone()}),
+            );
+        }
+    }
+    let key = ObjectKey {
+        kind,
+        namespace: object.namespace().unwrap_or_default(),
+        name: object.name_any(),
+    };
+    bodies.lock().insert(key, Arc::from(data.to_string()));
+    object.data = serde_json::Value::Object(kept);
+}
+
+/// The whole template as JSON: the store's slim object with its body put back.
+pub(super) fn full_template(object: &DynamicObject, body: Option<&str>) -> serde_json::Value {
+    let mut value = serde_json::to_value(object).unwrap_or_default();
+    let body: serde_json::Value = body
+        .and_then(|text| serde_json::from_str(text).ok())
+        .unwrap_or_default();
+    if let (Some(target), Some(fields)) = (value.as_object_mut(), body.as_object()) {
+        for (field, content) in fields {
+            target.insert(field.clone(), content.clone());
+        }
+    }
+    value
 }
 
 impl Context {
@@ -313,7 +383,7 @@ impl Context {
     }
 
     pub fn remember_template(&self, key: &ObjectKey, mut written: DynamicObject) {
-        slim_template(&mut written, &self.kinds[key.kind]);
+        slim_template(&mut written, &self.kinds[key.kind], key.kind, &self.bodies);
         self.written_templates
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -461,6 +531,7 @@ impl Context {
             .unwrap_or_else(|p| p.into_inner())
             .remove(key);
         self.writers.forget_everywhere(key);
+        self.bodies.remove(key);
         self.report(key, None);
     }
 
@@ -555,6 +626,41 @@ mod tests {
         assert!(!caught_up(&meta("a", "5"), &meta("a", "6")));
         assert!(caught_up(&meta("a", "6"), &meta("a", "6")));
         assert!(caught_up(&meta("b", "1"), &meta("a", "6")));
+    }
+
+    #[test]
+    fn a_slim_template_gets_its_body_back_whole() {
+        let resource = ApiResource::erase::<k8s_openapi::api::apps::v1::Deployment>(&());
+        let original: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "shop", "uid": "u",
+                         "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}"}},
+            "spec": {"replicas": 3, "template": {"spec": {"containers": [{"name": "c", "image": "nginx"}]}}},
+            "status": {"readyReplicas": 1}
+        }))
+        .unwrap();
+        let bodies = Bodies::default();
+        let mut slim = original.clone();
+        slim_template(&mut slim, &resource, 0, &bodies);
+        assert_eq!(
+            slim.data,
+            serde_json::json!({"spec": {"replicas": 3}, "status": {"readyReplicas": 1}})
+        );
+        let key = ObjectKey {
+            kind: 0,
+            namespace: "shop".into(),
+            name: "web".into(),
+        };
+        let whole = full_template(&slim, bodies.get(&key).as_deref());
+        assert_eq!(whole["spec"], original.data["spec"]);
+        assert_eq!(whole["status"], original.data["status"]);
+        assert_eq!(whole["metadata"]["uid"], "u");
+        assert!(
+            whole["metadata"]["annotations"]
+                .as_object()
+                .unwrap()
+                .is_empty()
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use serde_json::{Map, Value};
 
 use crate::api::propagation_policy::ConflictResolution;
-use crate::api::{LABEL_BINDING, LABEL_MANAGED_BY};
+use crate::api::{ANNOTATION_APPLIED_HASH, LABEL_BINDING, LABEL_MANAGED_BY};
 use crate::hub::federation::kinds::is_divisible;
 
 /// Value of the managed-by label on every copy.
@@ -128,8 +128,25 @@ pub fn member_copy(template: &Value, binding: &str, replicas: Option<i32>) -> Va
     {
         spec.insert("replicas".into(), Value::from(replicas));
     }
-    Value::Object(copy)
+    let mut copy = Value::Object(copy);
+    let hash = applied_hash(&copy);
+    if let Some(annotations) = copy["metadata"]["annotations"].as_object_mut() {
+        annotations.insert(ANNOTATION_APPLIED_HASH.into(), Value::String(hash));
+    }
+    copy
 }
+
+/// The hash of a copy's body (what [`ANNOTATION_APPLIED_HASH`] records), stable across
+/// processes and versions: the same template gives the same hash on every hub.
+pub fn applied_hash(copy: &Value) -> String {
+    format!(
+        "{:016x}",
+        crate::hub::federation::placement::stable_hash(&copy.to_string(), "applied")
+    )
+}
+
+/// The key of the applied-hash annotation.
+pub const ANNOTATION_HASH_KEY: &str = ANNOTATION_APPLIED_HASH;
 
 /// Whether an object found in a member is one of ours.
 pub fn is_managed(existing: &Value) -> bool {
@@ -209,9 +226,22 @@ mod tests {
         assert_eq!(copy["metadata"]["labels"]["app"], "web");
         assert_eq!(copy["metadata"]["labels"][LABEL_MANAGED_BY], MANAGED_BY);
         assert_eq!(copy["metadata"]["labels"][LABEL_BINDING], "shop.web");
+        let hash = copy["metadata"]["annotations"][ANNOTATION_APPLIED_HASH].clone();
         assert_eq!(
             copy["metadata"]["annotations"],
-            json!({"team": "a", LABEL_BINDING: "shop.web"})
+            json!({"team": "a", LABEL_BINDING: "shop.web", ANNOTATION_APPLIED_HASH: hash})
+        );
+        // The hash covers the body: another share of replicas is another hash, the same
+        // template the same one.
+        let other = member_copy(&template(), "shop.web", Some(2));
+        assert_ne!(
+            other["metadata"]["annotations"][ANNOTATION_APPLIED_HASH],
+            hash
+        );
+        let again = member_copy(&template(), "shop.web", Some(4));
+        assert_eq!(
+            again["metadata"]["annotations"][ANNOTATION_APPLIED_HASH],
+            hash
         );
         for field in SERVER_METADATA {
             assert!(copy["metadata"].get(field).is_none(), "{field}");

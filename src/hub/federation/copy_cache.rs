@@ -252,6 +252,7 @@ fn start_watches(
     let mut streams = vec![];
     for (kind, resource) in kinds.iter().enumerate() {
         let cluster = cluster.to_string();
+        let whole_status = resource.group == "example.com";
         let writer = reflector::store::Writer::<DynamicObject>::new(resource.clone());
         stores.push((resource.clone(), writer.as_reader()));
         let api = Api::<DynamicObject>::all_with(client.clone(), resource);
@@ -259,7 +260,8 @@ fn start_watches(
         streams.push(
             reflector(
                 writer,
-                watcher(api, config).modify(|o: &mut DynamicObject| o.managed_fields_mut().clear()),
+                watcher(api, config)
+                    .modify(move |o: &mut DynamicObject| slim_copy(o, whole_status)),
             )
             .default_backoff()
             .map(move |event| copy_event(&cluster, kind, event))
@@ -267,6 +269,63 @@ fn start_watches(
         );
     }
     (ClusterCopies { stores }, stream::select_all(streams))
+}
+
+/// Status fields of a copy the hub sums (Deployment, StatefulSet); a MyDatabase copy
+/// keeps its whole status (phase, conditions, per-cluster details).
+const STATUS_SUMMARY: [&str; 5] = [
+    "replicas",
+    "readyReplicas",
+    "availableReplicas",
+    "updatedReplicas",
+    "observedGeneration",
+];
+
+/// Metadata the hub reads on its copies.
+const COPY_ANNOTATIONS: [&str; 3] = [
+    crate::api::ANNOTATION_APPLIED_HASH,
+    crate::api::LABEL_BINDING,
+    crate::api::ANNOTATION_TEMPLATE_DELETED,
+];
+
+/// Reduces a member copy to what the hub decides on: identity, version, generation,
+/// deletion, its own labels and annotations (the applied-hash says whether the copy holds
+/// what the hub would apply), `spec.replicas`, and the status summary. A cache of
+/// summaries is a fraction of a cache of copies.
+pub fn slim_copy(object: &mut DynamicObject, whole_status: bool) {
+    let metadata = &mut object.metadata;
+    metadata.managed_fields = None;
+    metadata.owner_references = None;
+    metadata.finalizers = None;
+    metadata.creation_timestamp = None;
+    metadata.generate_name = None;
+    if let Some(labels) = metadata.labels.as_mut() {
+        labels.retain(|key, _| key == LABEL_MANAGED_BY || key == crate::api::LABEL_BINDING);
+    }
+    if let Some(annotations) = metadata.annotations.as_mut() {
+        annotations.retain(|key, _| COPY_ANNOTATIONS.contains(&key.as_str()));
+    }
+    let mut data = serde_json::Map::new();
+    if let Some(replicas) = object.data["spec"].get("replicas") {
+        data.insert(
+            "spec".into(),
+            serde_json::json!({"replicas": replicas.clone()}),
+        );
+    }
+    match object.data.get_mut("status").map(serde_json::Value::take) {
+        Some(status) if whole_status => {
+            data.insert("status".into(), status);
+        }
+        Some(serde_json::Value::Object(status)) => {
+            let summary: serde_json::Map<String, serde_json::Value> = status
+                .into_iter()
+                .filter(|(key, _)| STATUS_SUMMARY.contains(&key.as_str()))
+                .collect();
+            data.insert("status".into(), serde_json::Value::Object(summary));
+        }
+        _ => {}
+    }
+    object.data = serde_json::Value::Object(data);
 }
 
 /// What a watch event of a member's copies means for the hub.
@@ -287,5 +346,55 @@ fn copy_event(
             cluster: cluster.to_string(),
         }),
         watcher::Event::Init | watcher::Event::InitApply(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn copy() -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {
+                "name": "web", "namespace": "shop", "uid": "u", "resourceVersion": "7", "generation": 2,
+                "labels": {"app": "web", LABEL_MANAGED_BY: MANAGED_BY, crate::api::LABEL_BINDING: "b1"},
+                "annotations": {"team": "a", crate::api::ANNOTATION_APPLIED_HASH: "h", crate::api::LABEL_BINDING: "shop.web"},
+                "managedFields": [{"manager": "bulkhead-hub"}],
+                "finalizers": ["x"]
+            },
+            "spec": {"replicas": 3, "template": {"spec": {"containers": [{"name": "web", "image": "nginx"}]}}},
+            "status": {"replicas": 3, "readyReplicas": 2, "conditions": [{"type": "Available"}]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_slim_copy_keeps_what_decisions_read() {
+        let mut slim = copy();
+        slim_copy(&mut slim, false);
+        assert_eq!(slim.metadata.uid.as_deref(), Some("u"));
+        assert_eq!(slim.metadata.resource_version.as_deref(), Some("7"));
+        assert_eq!(slim.metadata.generation, Some(2));
+        assert!(slim.metadata.managed_fields.is_none() && slim.metadata.finalizers.is_none());
+        assert_eq!(slim.labels().len(), 2, "only the hub's labels");
+        assert_eq!(slim.annotations().len(), 2, "only the hub's annotations");
+        assert_eq!(
+            slim.data,
+            json!({"spec": {"replicas": 3}, "status": {"replicas": 3, "readyReplicas": 2}})
+        );
+        assert_eq!(crate::hub::federation::propagation::copy_ready(&slim), 2);
+        assert_eq!(
+            crate::hub::federation::propagation::copy_replicas(&slim),
+            Some(3)
+        );
+        // A MyDatabase keeps its whole status.
+        let mut database = copy();
+        slim_copy(&mut database, true);
+        assert_eq!(
+            database.data["status"]["conditions"][0]["type"],
+            "Available"
+        );
     }
 }

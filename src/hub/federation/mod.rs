@@ -90,7 +90,7 @@ enum Trigger {
 
 /// Fingerprint of a template without its status and what the API server changes on
 /// every write: equal fingerprints mean only the status (or nothing) changed.
-fn template_fingerprint(object: &DynamicObject) -> u64 {
+fn template_fingerprint(object: &DynamicObject, body: Option<&str>) -> u64 {
     let mut value = serde_json::to_value(object).unwrap_or_default();
     if let Some(map) = value.as_object_mut() {
         map.remove("status");
@@ -101,6 +101,7 @@ fn template_fingerprint(object: &DynamicObject) -> u64 {
     }
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     value.to_string().hash(&mut hasher);
+    body.hash(&mut hasher);
     hasher.finish()
 }
 
@@ -228,13 +229,17 @@ pub async fn run(
     );
     streams.push(s);
     let mut templates = vec![];
+    let bodies = context::Bodies::default();
     for (kind, ar) in kinds.iter().enumerate() {
         let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
         templates.push(writer.as_reader());
         let api = Api::<DynamicObject>::all_with(hub.clone(), ar);
         let slim_resource = ar.clone();
-        let slim = watcher(api, watcher::Config::default())
-            .modify(move |o: &mut DynamicObject| slim_template(o, &slim_resource));
+        let slim_bodies = bodies.clone();
+        let slim = watcher(api, watcher::Config::default()).modify(move |o: &mut DynamicObject| {
+            slim_template(o, &slim_resource, kind, &slim_bodies)
+        });
+        let trigger_bodies = bodies.clone();
         let mut seen: HashMap<ObjectKey, u64> = HashMap::new();
         streams.push(
             reflector(writer, slim)
@@ -242,7 +247,8 @@ pub async fn run(
                 .map(move |event| match event {
                     Ok(watcher::Event::Apply(o)) | Ok(watcher::Event::InitApply(o)) => {
                         let key = template_key(kind, &o);
-                        let fingerprint = template_fingerprint(&o);
+                        let body = trigger_bodies.get(&key);
+                        let fingerprint = template_fingerprint(&o, body.as_deref());
                         if seen.insert(key.clone(), fingerprint) == Some(fingerprint) {
                             Trigger::Nothing
                         } else {
@@ -252,6 +258,7 @@ pub async fn run(
                     Ok(watcher::Event::Delete(o)) => {
                         let key = template_key(kind, &o);
                         seen.remove(&key);
+                        trigger_bodies.remove(&key);
                         Trigger::Template(key)
                     }
                     Ok(watcher::Event::InitDone) => Trigger::All,
@@ -275,6 +282,7 @@ pub async fn run(
             bindings,
             templates,
         },
+        bodies,
         queue: WorkQueue::default(),
         evictions: Mutex::new(RateLimit::new(options.eviction_rate)),
         generations: Mutex::default(),
@@ -511,15 +519,19 @@ mod tests {
     fn a_status_only_change_keeps_the_fingerprint() {
         let before = template(json!({}), "1");
         let after = template(json!({"readyReplicas": 3}), "2");
-        assert_eq!(template_fingerprint(&before), template_fingerprint(&after));
+        let body = Some(r#"{"spec":{"replicas":3}}"#);
+        let print = template_fingerprint;
+        assert_eq!(print(&before, body), print(&after, body));
         let mut scaled = after.clone();
         scaled.data["spec"]["replicas"] = json!(6);
-        assert_ne!(template_fingerprint(&after), template_fingerprint(&scaled));
-        let mut labelled = after;
+        assert_ne!(print(&after, body), print(&scaled, body));
+        let mut labelled = after.clone();
         labelled.labels_mut().insert("tier".into(), "web".into());
+        assert_ne!(print(&before, body), print(&labelled, body));
+        // A ConfigMap has no generation: its body is what changes.
         assert_ne!(
-            template_fingerprint(&before),
-            template_fingerprint(&labelled)
+            print(&after, body),
+            print(&after, Some(r#"{"data":{"a":"b"}}"#))
         );
     }
 

@@ -111,36 +111,22 @@ pub fn copy_ready(copy: &DynamicObject) -> i32 {
     copy.data["status"]["readyReplicas"].as_i64().unwrap_or(0) as i32
 }
 
-/// Whether the member copy already carries every field of `desired` (labels and
-/// annotations included); fields others added, server defaults and status are ignored.
+/// Whether the member copy already holds what the hub would apply: the copy's
+/// applied-hash annotation equals the desired one. The hub's caches keep only a summary
+/// of each copy, not its body, so this hash is what it compares; a copy without it
+/// (applied by an older hub) is applied once more, which adds it.
 pub fn copy_matches(desired: &Value, existing: &DynamicObject) -> bool {
-    use crate::hub::federation::copies::already_matches;
+    use crate::hub::federation::copies::ANNOTATION_HASH_KEY;
     if existing.metadata.deletion_timestamp.is_some() {
         return false;
     }
-    let maps_match = |want: &Value, have: Option<&BTreeMap<String, String>>| {
-        want.as_object().into_iter().flatten().all(|(key, value)| {
-            have.and_then(|m| m.get(key))
-                .is_some_and(|present| value.as_str() == Some(present.as_str()))
-        })
-    };
-    let metadata = &desired["metadata"];
-    maps_match(&metadata["labels"], existing.metadata.labels.as_ref())
-        && maps_match(
-            &metadata["annotations"],
-            existing.metadata.annotations.as_ref(),
-        )
-        && desired
-            .as_object()
-            .into_iter()
-            .flatten()
-            .filter(|(key, _)| !matches!(key.as_str(), "apiVersion" | "kind" | "metadata"))
-            .all(|(key, value)| {
-                existing
-                    .data
-                    .get(key)
-                    .is_some_and(|present| already_matches(value, present))
-            })
+    let wanted = desired["metadata"]["annotations"][ANNOTATION_HASH_KEY].as_str();
+    let held = existing
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_HASH_KEY));
+    matches!((wanted, held), (Some(wanted), Some(held)) if wanted == held)
 }
 
 /// Plans one template; see the module documentation.
@@ -366,6 +352,7 @@ fn plan_cleanup(input: &PlanInput<'_>, plan: &mut Plan) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube::ResourceExt;
     use serde_json::json;
 
     fn template(replicas: i64) -> Value {
@@ -463,12 +450,23 @@ mod tests {
         let members = [member("east", Some(&east)), member("west", Some(&west))];
         assert_eq!(plan(&input(&template, &targets, &members)), Plan::default());
 
-        let mut drifted = copy(4, 4, "e");
-        drifted.data["spec"]["template"]["spec"]["containers"][0]["image"] = json!("other");
-        let members = [member("east", Some(&drifted)), member("west", Some(&west))];
-        let plan = plan(&input(&template, &targets, &members));
-        assert_eq!(plan.applies.len(), 1);
-        assert!(!plan.applies[0].check_conflict, "ours already");
+        // Applied for another version of the template: another hash.
+        let mut stale = copy(4, 4, "e");
+        stale
+            .annotations_mut()
+            .insert(crate::api::ANNOTATION_APPLIED_HASH.into(), "0".into());
+        let members = [member("east", Some(&stale)), member("west", Some(&west))];
+        let first = plan(&input(&template, &targets, &members));
+        assert_eq!(first.applies.len(), 1);
+        assert!(!first.applies[0].check_conflict, "ours already");
+
+        // Applied by an older hub (no hash): applied once more, which adds it.
+        let mut legacy = copy(4, 4, "e");
+        legacy
+            .annotations_mut()
+            .remove(crate::api::ANNOTATION_APPLIED_HASH);
+        let members = [member("east", Some(&legacy)), member("west", Some(&west))];
+        assert_eq!(plan(&input(&template, &targets, &members)).applies.len(), 1);
     }
 
     #[test]

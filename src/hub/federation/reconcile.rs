@@ -115,11 +115,23 @@ fn plan(
             let cache = context.caches.member(&view.name);
             let synced = cache.as_ref().is_some_and(|c| c.synced(resource));
             let cached = cache.and_then(|c| c.get(resource, &key.namespace, &key.name));
+            let mut copy = context.writers.fresh(&view.name, key, cached);
+            if let Some(held) = copy.as_ref()
+                && context.writers.drifted(&view.name, key, held)
+            {
+                // Changed in the member since the hub applied it: no longer what the hub
+                // applied, whatever its applied-hash says.
+                let mut changed = (**held).clone();
+                changed
+                    .annotations_mut()
+                    .remove(crate::api::ANNOTATION_APPLIED_HASH);
+                copy = Some(Arc::new(changed));
+            }
             Member {
                 cluster: view.name.clone(),
                 reachable: view.ready,
                 synced,
-                copy: context.writers.fresh(&view.name, key, cached),
+                copy,
                 op: None,
                 outcome: None,
                 applying: false,
@@ -127,7 +139,9 @@ fn plan(
         })
         .collect();
     let template_value = template
-        .map(|t| serde_json::to_value(t).unwrap_or_default())
+        .map(|t| {
+            crate::hub::federation::context::full_template(t, context.bodies.get(key).as_deref())
+        })
         .unwrap_or(Value::Null);
     let label = binding_label(&key.namespace, &key.name);
     let copies: Vec<MemberCopy<'_>> = members

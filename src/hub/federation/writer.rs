@@ -143,6 +143,9 @@ struct Record {
     /// Still wanted (false after [`Writers::forget`]): retries stop.
     wanted: bool,
     fresh: Option<Fresh>,
+    /// The copy's UID and generation after the hub's last apply: a later generation
+    /// means someone changed the copy's spec in the member since.
+    applied: Option<(Option<String>, i64)>,
 }
 
 /// A finished write, reported to the federation controller.
@@ -288,6 +291,7 @@ impl Writers {
                 }
             }
             let fresh = records.get(key).and_then(|r| r.fresh.clone());
+            let applied = records.get(key).and_then(|r| r.applied.clone());
             records.insert(
                 key.clone(),
                 Record {
@@ -298,6 +302,7 @@ impl Writers {
                     attempts: 0,
                     wanted: true,
                     fresh,
+                    applied,
                 },
             );
         }
@@ -388,6 +393,25 @@ impl Writers {
         }
     }
 
+    /// Whether someone changed the spec of the hub's copy in `cluster` since the hub last
+    /// applied it (its generation moved on). Known only for copies this hub applied.
+    pub fn drifted(&self, cluster: &str, key: &ObjectKey, copy: &DynamicObject) -> bool {
+        let Some(writer) = self.existing(cluster) else {
+            return false;
+        };
+        let records = writer.records();
+        records
+            .get(key)
+            .and_then(|r| r.applied.as_ref())
+            .is_some_and(|(uid, generation)| {
+                *uid == copy.metadata.uid
+                    && copy
+                        .metadata
+                        .generation
+                        .is_some_and(|now| now > *generation)
+            })
+    }
+
     /// Copies waiting, being written or scheduled for a retry, over every member.
     pub fn pending(&self) -> usize {
         all_writers(&self.inner)
@@ -453,6 +477,12 @@ async fn work(inner: Arc<Inner>, writer: Arc<MemberWriter>) {
                     Some(record) => {
                         record.outcome = Some(outcome.clone());
                         record.finished = Some(Instant::now());
+                        if let Some(Fresh::Object(written)) = &fresh
+                            && matches!(op, CopyOp::Apply { .. })
+                            && let Some(generation) = written.metadata.generation
+                        {
+                            record.applied = Some((written.metadata.uid.clone(), generation));
+                        }
                         if fresh.is_some() {
                             record.fresh = fresh;
                         }
