@@ -1269,7 +1269,7 @@ async fn stored_token(hub: &Client, member: &str) -> Result<String> {
         .and_then(|d| d.get("kubeconfig"))
         .map(|b| String::from_utf8_lossy(&b.0).to_string())
         .context("no kubeconfig in the Secret")?;
-    bulkhead::hub::tokens::kubeconfig_token(&text).context("no token in the kubeconfig")
+    bulkhead::hub::membership::tokens::kubeconfig_token(&text).context("no token in the kubeconfig")
 }
 
 #[tokio::test]
@@ -1309,7 +1309,7 @@ async fn the_hub_renews_its_member_token_before_it_expires() -> Result<()> {
         "re-join east with a 600 s token failed"
     );
     let short = stored_token(&hub, "east").await?;
-    let lifetime = bulkhead::hub::tokens::token_lifetime(&short).context("a JWT")?;
+    let lifetime = bulkhead::hub::membership::tokens::token_lifetime(&short).context("a JWT")?;
     assert!(lifetime.seconds() <= 3600, "{lifetime:?}");
 
     let started = Instant::now();
@@ -1346,7 +1346,8 @@ async fn the_hub_renews_its_member_token_before_it_expires() -> Result<()> {
         started.elapsed(),
         renewed.1
     );
-    let new_lifetime = bulkhead::hub::tokens::token_lifetime(&renewed.0).context("a JWT")?;
+    let new_lifetime =
+        bulkhead::hub::membership::tokens::token_lifetime(&renewed.0).context("a JWT")?;
     eprintln!("short token {lifetime:?}, renewed {new_lifetime:?}");
     assert!(
         new_lifetime.expires_at > lifetime.expires_at,

@@ -33,7 +33,7 @@ use serde::Serialize;
 
 use crate::api::member_cluster::{MemberClusterSpec, ProbeSpec, SecretReference};
 use crate::api::{LABEL_MANAGED_BY, MemberCluster, MyDatabase, SYSTEM_NAMESPACE};
-use crate::hub::members::{KUBECONFIG_KEY, client_from_kubeconfig};
+use crate::hub::membership::members::{KUBECONFIG_KEY, client_from_kubeconfig};
 use crate::process::{ClientOptions, connect};
 
 /// Label on a MemberCluster naming the UID of the member's kube-system namespace, which
@@ -41,7 +41,7 @@ use crate::process::{ClientOptions, connect};
 pub const LABEL_CLUSTER_ID: &str = "federation.example.com/cluster-id";
 /// Name of the service account, ClusterRole, ClusterRoleBinding, Role and RoleBinding
 /// `join` creates in the member.
-pub use crate::hub::tokens::HUB_ACCOUNT;
+pub use crate::hub::membership::tokens::HUB_ACCOUNT;
 /// Field manager of everything `join` applies.
 pub const JOIN_FIELD_MANAGER: &str = "bulkhead-join";
 /// Default lifetime asked for the hub's token: one year. Re-join to rotate it.

@@ -7,19 +7,8 @@
 //! taints, [`disruption`] derives zone states and the frozen state, [`lease`] renews the
 //! fencing Lease in every member. Other hub controllers read [`HubState`].
 
-pub mod capacity;
-pub mod credentials;
-pub mod disruption;
 pub mod federation;
-pub mod health;
-pub mod lease;
-pub mod members;
-pub mod metrics;
-pub mod prober;
-pub mod taints;
-pub mod tasks;
-pub mod tokens;
-pub mod zones;
+pub mod membership;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +18,7 @@ use kube::runtime::events::{Recorder, Reporter};
 
 use crate::Result;
 use crate::process::{ClientOptions, Process, ServeOptions};
+use membership::{disruption, lease, members, metrics, prober, tasks, tokens, zones};
 
 pub use members::{MemberHandle, MemberSnapshot, Registry};
 pub use zones::HubHealth;

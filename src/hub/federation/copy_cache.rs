@@ -20,8 +20,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::LABEL_MANAGED_BY;
 use crate::hub::federation::copies::MANAGED_BY;
-use crate::hub::health::{FailureKind, Health};
-use crate::hub::prober::HealthBoard;
+use crate::hub::membership::health::{FailureKind, Health};
+use crate::hub::membership::prober::HealthBoard;
 use crate::hub::{Registry, tasks};
 
 /// One member's copies, by template kind.

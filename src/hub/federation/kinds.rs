@@ -8,8 +8,8 @@ use crate::api::member_cluster::{TAINT_NOT_READY, TAINT_UNREACHABLE};
 use crate::api::propagation_policy::{PropagationSpec, StatefulFailover};
 use crate::api::{MemberCluster, find_condition, is_condition_true};
 use crate::hub::federation::placement::{ClusterView, toleration_matches};
-use crate::hub::taints::{HUB_TAINT_KEYS, is_hub_taint};
-use crate::hub::zones::HubHealth;
+use crate::hub::membership::taints::{HUB_TAINT_KEYS, is_hub_taint};
+use crate::hub::membership::zones::HubHealth;
 
 fn group(api_version: &str) -> &str {
     api_version

@@ -362,9 +362,12 @@ pub async fn run(
         task.abort();
     }
     let abort = cache_task.abort_handle();
-    if tokio::time::timeout(2 * crate::hub::tasks::SHUTDOWN_GRACE, cache_task)
-        .await
-        .is_err()
+    if tokio::time::timeout(
+        2 * crate::hub::membership::tasks::SHUTDOWN_GRACE,
+        cache_task,
+    )
+    .await
+    .is_err()
     {
         abort.abort();
     }

@@ -833,7 +833,7 @@ async fn announce(
             if let Some(added) = views.iter().find(|v| &v.name == cluster).and_then(|v| {
                 v.taints
                     .iter()
-                    .filter(|t| crate::hub::taints::is_hub_taint(t))
+                    .filter(|t| crate::hub::membership::taints::is_hub_taint(t))
                     .filter_map(|t| t.time_added.as_ref())
                     .map(|t| t.0)
                     .min()

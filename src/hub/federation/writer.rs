@@ -40,7 +40,7 @@ pub const FIELD_MANAGER: &str = "bulkhead-hub";
 
 /// Copies a member writer writes at once (the member's bulk client allows as many
 /// requests in flight).
-pub const WORKERS_PER_MEMBER: usize = crate::hub::members::MAX_REQUESTS_IN_FLIGHT;
+pub const WORKERS_PER_MEMBER: usize = crate::hub::membership::members::MAX_REQUESTS_IN_FLIGHT;
 
 /// How long a list of a namespace's objects of one kind answers conflict checks.
 const LIST_VALID: Duration = Duration::from_secs(5);

@@ -22,14 +22,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::member_cluster::ClusterCapacity;
 use crate::api::{MemberCluster, set_condition};
-use crate::hub::capacity;
-use crate::hub::health::{
+use crate::hub::membership::capacity;
+use crate::hub::membership::health::{
     CONDITION_READY, FailureKind, Health, HealthTracker, ProbeOutcome, Thresholds, conditions_for,
     health_from_conditions, wanted_taint,
 };
-use crate::hub::members::{MemberHandle, MemberSnapshot, Registry};
-use crate::hub::metrics::{ClusterLabels, HubMetrics, ProbeLabels};
-use crate::hub::taints::reconcile_taints;
+use crate::hub::membership::members::{MemberHandle, MemberSnapshot, Registry};
+use crate::hub::membership::metrics::{ClusterLabels, HubMetrics, ProbeLabels};
+use crate::hub::membership::taints::reconcile_taints;
 
 /// The field manager the hub's health writes use.
 pub const FIELD_MANAGER: &str = "bulkhead-hub";

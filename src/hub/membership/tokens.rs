@@ -20,8 +20,8 @@ use kube::{Api, Client, Resource};
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{ConditionStatus, MemberCluster, SYSTEM_NAMESPACE, new_condition};
-use crate::hub::members::{KUBECONFIG_KEY, Registry};
-use crate::hub::metrics::{ClusterLabels, HubMetrics};
+use crate::hub::membership::members::{KUBECONFIG_KEY, Registry};
+use crate::hub::membership::metrics::{ClusterLabels, HubMetrics};
 
 /// The service account whose token the hub holds in every member.
 pub const HUB_ACCOUNT: &str = "bulkhead-hub";
@@ -194,7 +194,7 @@ pub async fn renew_member_token(context: TokenContext, name: String, cancel: Can
 async fn renew(
     context: &TokenContext,
     member: &MemberCluster,
-    connection: &crate::hub::members::MemberConnection,
+    connection: &crate::hub::membership::members::MemberConnection,
     lifetime: TokenLifetime,
 ) -> Result<String, String> {
     let request = TokenRequest {

@@ -1,6 +1,6 @@
 //! The zone controller: turns the probers' verdicts into per-zone disruption states
 //! (written to each MemberCluster's `status.zoneState`, exported as a metric, announced
-//! by Events) and into the hub's frozen state. The rules are pure, in [`crate::hub::zones`].
+//! by Events) and into the hub's frozen state. The rules are pure, in [`crate::hub::membership::zones`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -15,11 +15,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::MemberCluster;
 use crate::api::member_cluster::ZoneState;
-use crate::hub::health::Health;
-use crate::hub::members::{MemberSnapshot, Registry};
-use crate::hub::metrics::{HubMetrics, ZoneLabels};
-use crate::hub::prober::HealthBoard;
-use crate::hub::zones::{
+use crate::hub::membership::health::Health;
+use crate::hub::membership::members::{MemberSnapshot, Registry};
+use crate::hub::membership::metrics::{HubMetrics, ZoneLabels};
+use crate::hub::membership::prober::HealthBoard;
+use crate::hub::membership::zones::{
     HubHealth, MemberZoneView, all_zones_down, next_hub_health, zone_state_value, zone_states,
 };
 

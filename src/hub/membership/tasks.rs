@@ -7,7 +7,7 @@ use std::future::Future;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::hub::members::Registry;
+use crate::hub::membership::members::Registry;
 
 /// How long a member task may take to notice shutdown before it is aborted.
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);

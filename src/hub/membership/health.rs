@@ -1,6 +1,6 @@
 //! Member health: the pure state machine that turns probe results into a health verdict
 //! only past the thresholds of `spec.probe`, and the conditions and taint that verdict
-//! means. The I/O (probing, writing status) lives in [`crate::hub::prober`].
+//! means. The I/O (probing, writing status) lives in [`crate::hub::membership::prober`].
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 

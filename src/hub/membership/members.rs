@@ -141,7 +141,7 @@ pub async fn clients_from_kubeconfig(
 ) -> Result<(Client, Client, String), String> {
     let kubeconfig =
         Kubeconfig::from_yaml(text).map_err(|e| format!("the kubeconfig does not parse: {e}"))?;
-    crate::hub::credentials::check_inline(&kubeconfig, allow_insecure)?;
+    crate::hub::membership::credentials::check_inline(&kubeconfig, allow_insecure)?;
     let config = member_config(text).await?;
     let server = config.cluster_url.to_string();
     let bulk = bounded_client(config.clone(), MAX_REQUESTS_IN_FLIGHT)?;

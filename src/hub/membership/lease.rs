@@ -12,8 +12,8 @@ use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{LABEL_MANAGED_BY, SYSTEM_NAMESPACE};
-use crate::hub::members::Registry;
-use crate::hub::metrics::{ClusterLabels, HubMetrics};
+use crate::hub::membership::members::Registry;
+use crate::hub::membership::metrics::{ClusterLabels, HubMetrics};
 
 /// Name of the Lease in each member.
 pub const LEASE_NAME: &str = "bulkhead-hub";
