@@ -34,8 +34,8 @@ crd-check:
 
 ## chart-lint: helm lint of the chart with its default and its full values (helm from the lab's binaries)
 chart-lint: lab-binaries
-	$(HELM) lint $(CHART)
-	$(HELM) lint $(CHART) -f $(CHART)/ci/full-values.yaml
+	$(HELM) lint --strict $(CHART)
+	$(HELM) lint --strict $(CHART) -f $(CHART)/ci/full-values.yaml
 	$(HELM) template bulkhead $(CHART) -n bulkhead-system >/dev/null
 	$(HELM) template bulkhead $(CHART) -n bulkhead-system -f $(CHART)/ci/full-values.yaml >/dev/null
 

@@ -105,7 +105,8 @@ fn documents(rendered: &str) -> Result<Vec<Value>> {
     }
     Ok(out)
 }
-async fn ensure_namespace(lab: &Lab) -> Result<()> {
+
+fn ensure_namespace(lab: &Lab) -> Result<()> {
     let manifest = format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NAMESPACE}\n");
     succeed(lab, "kubectl", &["apply", "-f", "-"], Some(&manifest))?;
     Ok(())
@@ -149,7 +150,7 @@ async fn the_chart_lints_renders_for_the_api_server_and_refuses_wrong_values() -
     }
 
     // Real schema validation: the API server's, in a dry run.
-    ensure_namespace(&lab).await?;
+    ensure_namespace(&lab)?;
     for values in [None, Some(full.as_str())] {
         let rendered = match values {
             None => template(&lab, &[])?,
