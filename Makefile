@@ -2,15 +2,17 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 LAB := e2e/lab
+CHART := charts/bulkhead
+HELM = $(shell e2e/k8s/build.sh --print)/helm
 
-.PHONY: demo test lint fmt crds crd-check unit e2e lab-binaries lab-up lab-down build bench bench-lab
+.PHONY: demo test lint fmt crds crd-check chart-lint unit e2e lab-binaries lab-up lab-down build bench bench-lab
 
 ## demo: bring up the lab (hub + 3 members), install Bulkhead and show placement and health
 demo: lab-binaries
 	e2e/demo.sh
 
-## test: everything CI checks: formatting, clippy, CRD drift, unit tests, e2e tests on the lab
-test: lint crd-check unit e2e
+## test: everything CI checks: formatting, clippy, CRD drift, unit tests, chart lint, e2e tests on the lab
+test: lint crd-check unit chart-lint e2e
 
 ## lint: rustfmt check and clippy with warnings as errors
 lint:
@@ -20,13 +22,22 @@ lint:
 fmt:
 	$(CARGO) fmt --all
 
-## crds: regenerate config/crd/ from src/api/
+## crds: regenerate config/crd/ from src/api/ (and the chart's copies)
 crds:
 	$(CARGO) run -q -- crd --output-dir config/crd
+	$(CARGO) run -q -- crd --output-dir $(CHART)/files/crds
 
-## crd-check: fail when config/crd/ drifted from the code
+## crd-check: fail when config/crd/ or the chart's CRDs drifted from the code
 crd-check:
 	$(CARGO) run -q -- crd --check config/crd
+	$(CARGO) run -q -- crd --check $(CHART)/files/crds
+
+## chart-lint: helm lint of the chart with its default and its full values (helm from the lab's binaries)
+chart-lint: lab-binaries
+	$(HELM) lint --strict $(CHART)
+	$(HELM) lint --strict $(CHART) -f $(CHART)/ci/full-values.yaml
+	$(HELM) template bulkhead $(CHART) -n bulkhead-system >/dev/null
+	$(HELM) template bulkhead $(CHART) -n bulkhead-system -f $(CHART)/ci/full-values.yaml >/dev/null
 
 unit:
 	$(CARGO) test --workspace --lib --bins

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make demo`: the main job. Brings up the lab (building the upstream binaries on first
-# use), installs Bulkhead's CRDs on the hub and every member, and shows them. Everything
+# use), installs Bulkhead's CRDs on every member and the Helm chart on the hub, and runs
+# the hub with the chart's ServiceAccount. Everything
 # is left running in the background; `make lab-down` stops it.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -32,23 +33,66 @@ for member in east:zone-a:region-1 west:zone-b:region-1 north:zone-c:region-2; d
     --zone "$zone" --region "$region" --hub-kubeconfig "$hub_kubeconfig"
 done
 # Background processes, one pid file each in the lab directory (`make lab-down` stops them).
-# A process started from an older build of the binary is restarted.
+# A process started from an older build of the binary, or with other arguments, is restarted.
 start_bg() {
   local name="$1"; shift
-  local pid_file="$lab_dir/$name.pid"
-  if [[ -f "$pid_file" ]] && kill -0 "$(cat "$pid_file")" 2>/dev/null && [[ "$pid_file" -nt "$bulkhead" ]]; then
+  local pid_file="$lab_dir/$name.pid" args_file="$lab_dir/$name.args"
+  if [[ -f "$pid_file" ]] && kill -0 "$(cat "$pid_file")" 2>/dev/null && [[ "$pid_file" -nt "$bulkhead" ]] \
+    && [[ "$(cat "$args_file" 2>/dev/null)" == "$*" ]]; then
     echo "$name already runs (pid $(cat "$pid_file"))"
   else
     if [[ -f "$pid_file" ]] && kill -0 "$(cat "$pid_file")" 2>/dev/null; then
       kill "$(cat "$pid_file")" && sleep 1
-      echo "restarting $name: the binary was rebuilt"
+      echo "restarting $name: the binary was rebuilt or its arguments changed"
     fi
     nohup "$@" >"$lab_dir/$name.log" 2>&1 &
     echo $! >"$pid_file"
+    echo "$*" >"$args_file"
     echo "started $name (pid $!, log $lab_dir/$name.log)"
   fi
 }
-start_bg bulkhead-hub "$bulkhead" hub --kubeconfig "$hub_kubeconfig" --probe-address 127.0.0.1:18080
+
+# Install Bulkhead on the hub with its Helm chart (docs/operations.md): CRDs, the hub's
+# ServiceAccount and least-privilege RBAC, webhook certificates. The lab's hub has no
+# kubelet, so the chart's Deployment never runs a pod: the hub process runs beside the API
+# server instead, with a token of the chart's ServiceAccount as its only credential.
+helm_bin="$bin/helm"
+echo
+echo "== helm upgrade --install bulkhead charts/bulkhead (on the hub)"
+"$helm_bin" --kubeconfig "$hub_kubeconfig" upgrade --install bulkhead charts/bulkhead \
+  --namespace bulkhead-system --create-namespace --take-ownership \
+  --set-json 'webhook.certificates.extraIpAddresses=["127.0.0.1"]' | sed -n '1,/^NOTES/p'
+token="$("$kubectl_bin" --kubeconfig "$hub_kubeconfig" -n bulkhead-system create token bulkhead --duration=720h)"
+chart_kubeconfig="$lab_dir/hub-chart-account.kubeconfig"
+cat >"$chart_kubeconfig" <<KUBECONFIG
+apiVersion: v1
+kind: Config
+clusters:
+- name: hub
+  cluster:
+    server: $("$kubectl_bin" --kubeconfig "$hub_kubeconfig" config view --raw -o jsonpath='{.clusters[0].cluster.server}')
+    certificate-authority-data: $("$kubectl_bin" --kubeconfig "$hub_kubeconfig" config view --raw -o jsonpath='{.clusters[0].cluster.certificate-authority-data}')
+users:
+- name: bulkhead-system-bulkhead
+  user:
+    token: $token
+contexts:
+- name: hub
+  context: {cluster: hub, user: bulkhead-system-bulkhead}
+current-context: hub
+KUBECONFIG
+tls_dir="$lab_dir/hub-webhook-tls"
+mkdir -p "$tls_dir"
+for key in tls.crt tls.key ca.crt; do
+  "$kubectl_bin" --kubeconfig "$hub_kubeconfig" -n bulkhead-system get secret bulkhead-webhook-tls \
+    -o jsonpath="{.data.${key//./\\.}}" | base64 -d >"$tls_dir/$key"
+done
+echo "the hub runs as: $("$kubectl_bin" --kubeconfig "$chart_kubeconfig" auth whoami -o jsonpath='{.status.userInfo.username}')"
+# The hub's webhook (admission and MyDatabase conversion on the hub) on the chart's
+# certificate; the lab's API server reaches it by URL (nothing routes Service IPs here).
+start_bg bulkhead-hub "$bulkhead" hub --kubeconfig "$chart_kubeconfig" --probe-address 127.0.0.1:18080 \
+  --webhook --listen 127.0.0.1:18444 --url https://127.0.0.1:18444 --conversion \
+  --tls-cert-file "$tls_dir/tls.crt" --tls-key-file "$tls_dir/tls.key" --ca-file "$tls_dir/ca.crt"
 for _ in $(seq 1 40); do
   "$bulkhead" get clusters --kubeconfig "$hub_kubeconfig" | awk 'NR > 1 && $3 != "True" {missing = 1} END {exit missing}' && break
   sleep 0.5
@@ -58,12 +102,12 @@ echo "== bulkhead get clusters"
 "$bulkhead" get clusters --kubeconfig "$hub_kubeconfig"
 
 
-# The admission webhook for the hub and every member (docs/admission.md), and one agent
-# per member, running inside its zone (docs/mydatabase.md).
+# The admission webhook for every member (docs/admission.md; the hub's own runs in the hub
+# process above), and one agent per member, running inside its zone (docs/mydatabase.md).
 members_inside=()
 for member in east west north; do members_inside+=(--configure-member "$(e2e/lab kubeconfig "$member" --inside)"); done
 start_bg bulkhead-webhook "$bulkhead" webhook --kubeconfig "$hub_kubeconfig" --listen 127.0.0.1:18443 \
-  --url https://127.0.0.1:18443 --probe-address 127.0.0.1:18090 --configure-hub "${members_inside[@]}" --conversion
+  --url https://127.0.0.1:18443 --probe-address 127.0.0.1:18090 "${members_inside[@]}" --conversion
 port=18081
 for member in east west north; do
   start_bg "bulkhead-agent-$member" "$bulkhead" agent --kubeconfig "$(e2e/lab kubeconfig "$member" --inside)" \

@@ -59,6 +59,8 @@ pub struct Federation {
     hub_args: Vec<String>,
     agents: Vec<AgentProcess>,
     hub_namespace: Option<TestNamespace>,
+    /// Credentials of the hub process; `None`: the lab's admin.
+    hub_kubeconfig: Option<std::path::PathBuf>,
 }
 
 impl Federation {
@@ -76,6 +78,17 @@ impl Federation {
         prefix: &str,
         extra_hub_args: &[&str],
         probe: &[&str; 2],
+    ) -> Result<Self> {
+        Self::start_as(prefix, extra_hub_args, probe, None).await
+    }
+
+    /// [`Federation::start_with_probes`] with the hub process's credentials from
+    /// `hub_kubeconfig` (default: the lab's admin), e.g. the Helm chart's service account.
+    pub async fn start_as(
+        prefix: &str,
+        extra_hub_args: &[&str],
+        probe: &[&str; 2],
+        hub_kubeconfig: Option<std::path::PathBuf>,
     ) -> Result<Self> {
         let lab = crate::support::lab().await?;
         lab.install_crds("hub", &crate::lab::crd_dir()).await?;
@@ -132,6 +145,7 @@ impl Federation {
             hub_args,
             agents,
             hub_namespace: Some(namespace),
+            hub_kubeconfig,
         };
         federation.start_hub()?;
         federation
@@ -145,7 +159,11 @@ impl Federation {
         self.hub_starts += 1;
         let log = format!("{}-hub-{}.log", self.namespace, self.hub_starts);
         let args: Vec<&str> = self.hub_args.iter().map(String::as_str).collect();
-        self.hub_process = Some(HubProcess::start(&self.lab, &log, &args)?);
+        let kubeconfig = self
+            .hub_kubeconfig
+            .clone()
+            .unwrap_or_else(|| self.lab.kubeconfig("hub"));
+        self.hub_process = Some(HubProcess::start_as(&self.lab, &kubeconfig, &log, &args)?);
         Ok(())
     }
 
@@ -421,6 +439,71 @@ impl Federation {
         )
         .await
         .with_context(|| format!("applying {} {name} to the hub", resource.kind))
+    }
+
+    /// The partition suites' two templates: `web` (a Deployment, 6 replicas, weights
+    /// 1:1:1) and `orders` (a MyDatabase, 2 replicas in east and west), each with a policy
+    /// whose stateless failover tolerates `toleration_seconds`. Waits until web runs
+    /// 2/2/2 and orders 1/1 (its member copies Ready).
+    pub async fn run_web_and_orders(&self, toleration_seconds: u64) -> Result<()> {
+        let failover =
+            json!({"failover": {"stateless": {"tolerationSeconds": toleration_seconds}}});
+        self.apply(
+            &policies(),
+            self.policy(
+                "web",
+                json!([{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"}]),
+                json!({"replicaScheduling": {"type": "Divided", "divisionPreference": "Weighted"}}),
+                failover.clone(),
+            ),
+        )
+        .await?;
+        self
+            .apply(
+                &policies(),
+                self.policy(
+                    "orders",
+                    json!([{"apiVersion": "example.com/v1", "kind": "MyDatabase", "name": "orders"}]),
+                    json!({"clusterAffinity": {"clusterNames": ["east", "west"]},
+                           "replicaScheduling": {"type": "Divided", "divisionPreference": "Weighted"}}),
+                    failover,
+                ),
+            )
+            .await?;
+        self.apply(
+            &deployments(),
+            json!({
+                "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+                "spec": {"replicas": 6, "selector": {"matchLabels": {"app": "web"}},
+                         "template": {"metadata": {"labels": {"app": "web"}},
+                                      "spec": {"containers": [{"name": "web", "image": "nginx"}]}}}
+            }),
+        )
+        .await?;
+        self
+            .apply(
+                &databases(),
+                json!({"apiVersion": "example.com/v1", "kind": "MyDatabase", "metadata": {"name": "orders"},
+                       "spec": {"replicas": 2, "version": "16", "storage": {"size": "1Gi"}}}),
+            )
+            .await?;
+        self.wait_copies(
+            &deployments(),
+            "web",
+            "2/2/2 Ready",
+            Duration::from_secs(90),
+            |c| ready_at(c, &[("east", 2), ("west", 2), ("north", 2)]),
+        )
+        .await?;
+        self.wait_copies(
+            &databases(),
+            "orders",
+            "east 1, west 1 Ready",
+            Duration::from_secs(90),
+            |c| ready_at(c, &[("east", 1), ("west", 1)]),
+        )
+        .await?;
+        Ok(())
     }
 
     /// A policy selecting `kind/name` with `placement`.

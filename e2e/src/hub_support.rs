@@ -67,12 +67,18 @@ pub struct HubProcess {
 impl HubProcess {
     /// Starts the hub with extra arguments; its log goes to `<lab>/hub/logs/<log>`.
     pub fn start(lab: &Lab, log: &str, extra: &[&str]) -> Result<Self> {
+        Self::start_as(lab, &lab.kubeconfig("hub"), log, extra)
+    }
+
+    /// [`HubProcess::start`] with the hub's credentials from `kubeconfig` instead of the
+    /// lab's admin (e.g. a token of the Helm chart's service account).
+    pub fn start_as(lab: &Lab, kubeconfig: &Path, log: &str, extra: &[&str]) -> Result<Self> {
         let probe_port = free_port();
         let out = std::fs::File::create(lab.log_dir("hub").join(log))?;
         let child = Command::new(bulkhead_binary()?)
             .arg("hub")
             .arg("--kubeconfig")
-            .arg(lab.kubeconfig("hub"))
+            .arg(kubeconfig)
             .args(["--probe-address", &format!("127.0.0.1:{probe_port}")])
             .args(extra)
             .stdout(Stdio::null())

@@ -12,13 +12,12 @@ use bulkhead::api::mydatabase::DatabasePhase;
 use bulkhead::api::{MemberCluster, is_condition_true};
 use bulkhead_e2e::agent_support::{config_read_only, pods, ready_endpoints};
 use bulkhead_e2e::federation::{
-    Copy, Federation, LEASE_DURATION_SECONDS, binding_replicas, databases, deployments, policies,
-    ready_at, statefulsets,
+    Copy, Federation, LEASE_DURATION_SECONDS, binding_replicas, databases, deployments, ready_at,
+    statefulsets,
 };
 use bulkhead_e2e::support::Partition;
 use bulkhead_e2e::{Check, wait_for};
 use kube::Api;
-use serde_json::json;
 
 /// failover.stateless.tolerationSeconds of the suite's policies.
 const TOLERATION_SECONDS: u64 = 5;
@@ -26,66 +25,7 @@ const TOLERATION_SECONDS: u64 = 5;
 /// Sets up the suite's two templates and waits until they run: web 2/2/2, orders 1/1.
 async fn federation(prefix: &str) -> Result<Federation> {
     let federation = Federation::start(prefix, &[]).await?;
-    let failover = json!({"failover": {"stateless": {"tolerationSeconds": TOLERATION_SECONDS}}});
-    federation
-        .apply(
-            &policies(),
-            federation.policy(
-                "web",
-                json!([{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"}]),
-                json!({"replicaScheduling": {"type": "Divided", "divisionPreference": "Weighted"}}),
-                failover.clone(),
-            ),
-        )
-        .await?;
-    federation
-        .apply(
-            &policies(),
-            federation.policy(
-                "orders",
-                json!([{"apiVersion": "example.com/v1", "kind": "MyDatabase", "name": "orders"}]),
-                json!({"clusterAffinity": {"clusterNames": ["east", "west"]},
-                       "replicaScheduling": {"type": "Divided", "divisionPreference": "Weighted"}}),
-                failover,
-            ),
-        )
-        .await?;
-    federation
-        .apply(
-            &deployments(),
-            json!({
-                "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
-                "spec": {"replicas": 6, "selector": {"matchLabels": {"app": "web"}},
-                         "template": {"metadata": {"labels": {"app": "web"}},
-                                      "spec": {"containers": [{"name": "web", "image": "nginx"}]}}}
-            }),
-        )
-        .await?;
-    federation
-        .apply(
-            &databases(),
-            json!({"apiVersion": "example.com/v1", "kind": "MyDatabase", "metadata": {"name": "orders"},
-                   "spec": {"replicas": 2, "version": "16", "storage": {"size": "1Gi"}}}),
-        )
-        .await?;
-    federation
-        .wait_copies(
-            &deployments(),
-            "web",
-            "2/2/2 Ready",
-            Duration::from_secs(90),
-            |c| ready_at(c, &[("east", 2), ("west", 2), ("north", 2)]),
-        )
-        .await?;
-    federation
-        .wait_copies(
-            &databases(),
-            "orders",
-            "east 1, west 1 Ready",
-            Duration::from_secs(90),
-            |c| ready_at(c, &[("east", 1), ("west", 1)]),
-        )
-        .await?;
+    federation.run_web_and_orders(TOLERATION_SECONDS).await?;
     for cluster in ["east", "west"] {
         wait_database(
             &federation,

@@ -34,6 +34,18 @@ use procs::ProcessRecord;
 /// Kubernetes version the lab runs (must match e2e/k8s/build.sh).
 pub const K8S_VERSION: &str = "v1.36.3";
 
+/// The hub API server audits requests made with service account tokens (tests run the
+/// hub with the Helm chart's account and count its refused requests), once each, with
+/// metadata only. Everything else (the admin, the controller manager) is not audited.
+pub const HUB_AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived, ResponseStarted]
+rules:
+  - level: Metadata
+    userGroups: [system:serviceaccounts]
+  - level: None
+";
+
 /// Where a lab lives on the network: its port range and its external addresses. Two labs
 /// can run side by side (the demo's and the tests'), each with its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -588,6 +600,9 @@ impl Lab {
     fn prepare_cluster(&self, info: &ClusterInfo) -> Result<()> {
         let dir = self.cluster_dir(info.name);
         std::fs::create_dir_all(dir.join("logs"))?;
+        if info.role == Role::Hub {
+            std::fs::write(dir.join("audit-policy.yaml"), HUB_AUDIT_POLICY)?;
+        }
         let mut sans = vec![
             "localhost".to_string(),
             "127.0.0.1".to_string(),
@@ -645,7 +660,7 @@ impl Lab {
             Role::Hub => "127.0.0.1",
             Role::Member => "0.0.0.0",
         };
-        vec![
+        let mut args = vec![
             format!(
                 "--etcd-servers=http://127.0.0.1:{}",
                 info.etcd_client_port()
@@ -680,7 +695,27 @@ impl Lab {
             ),
             "--endpoint-reconciler-type=none".into(),
             "--profiling=false".into(),
-        ]
+        ];
+        if info.role == Role::Hub {
+            args.extend([
+                format!(
+                    "--audit-policy-file={}",
+                    self.cluster_dir(info.name)
+                        .join("audit-policy.yaml")
+                        .display()
+                ),
+                format!("--audit-log-path={}", self.hub_audit_log().display()),
+                "--audit-log-maxsize=100".into(),
+                "--audit-log-maxbackup=1".into(),
+            ]);
+        }
+        args
+    }
+
+    /// The hub API server's audit log: one JSON line per request made with a service
+    /// account token (the Helm chart's account, see [`HUB_AUDIT_POLICY`]).
+    pub fn hub_audit_log(&self) -> PathBuf {
+        self.log_dir("hub").join("audit.log")
     }
 
     fn controller_manager_args(&self, info: &ClusterInfo) -> Vec<String> {

@@ -1,0 +1,632 @@
+//! The Helm chart (`charts/bulkhead`) on the lab: it lints, renders with the default and
+//! the full values into objects the hub API server accepts (server-side dry run), its
+//! schema refuses wrong values, its RBAC is the table in docs/operations.md, and a hub
+//! process holding nothing but a token of the chart's service account propagates, fails
+//! over and heals with zero `forbidden` answers. Then `helm upgrade` changes a CRD, and
+//! `helm uninstall` (crds.keep) leaves CRDs, templates and member copies in place.
+//!
+//! The lab's hub has no kubelet: the chart's Deployment is created but never runs, and the
+//! hub process runs beside the API server with the chart's credentials instead.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use bulkhead::api::mydatabase::DatabasePhase;
+use bulkhead_e2e::Lab;
+use bulkhead_e2e::agent_support::free_port;
+use bulkhead_e2e::federation::{Federation, databases, deployments, ready_at};
+use bulkhead_e2e::support::Partition;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::PolicyRule;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
+use kube::api::PostParams;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+const RELEASE: &str = "bulkhead";
+const NAMESPACE: &str = "bulkhead-system";
+/// The chart's ServiceAccount with release name `bulkhead`.
+const SERVICE_ACCOUNT: &str = "bulkhead";
+const TOLERATION_SECONDS: u64 = 5;
+/// A printer column description the upgrade test changes in a copy of the chart.
+const UPGRADED_DESCRIPTION: &str = "Failure domain (as upgraded by e2e)";
+
+fn chart_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/bulkhead")
+}
+
+/// Runs a lab binary (helm, kubectl) against the hub as admin, with `stdin`; echoes it.
+fn run(lab: &Lab, program: &str, args: &[&str], stdin: Option<&str>) -> Result<Output> {
+    use std::io::Write;
+    let mut child = Command::new(lab.bin.join(program))
+        .args(args)
+        .env("KUBECONFIG", lab.kubeconfig("hub"))
+        .env("HELM_CACHE_HOME", lab.root.join("helm/cache"))
+        .env("HELM_CONFIG_HOME", lab.root.join("helm/config"))
+        .env("HELM_DATA_HOME", lab.root.join("helm/data"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running {program}"))?;
+    if let Some(text) = stdin {
+        child
+            .stdin
+            .take()
+            .context("stdin")?
+            .write_all(text.as_bytes())?;
+    }
+    drop(child.stdin.take());
+    let output = child.wait_with_output()?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    eprintln!(
+        "$ {program} {}\n{}{}",
+        args.join(" "),
+        if stdout.len() > 2000 {
+            format!("({} bytes of output)\n", stdout.len())
+        } else {
+            stdout.to_string()
+        },
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(output)
+}
+
+fn succeed(lab: &Lab, program: &str, args: &[&str], stdin: Option<&str>) -> Result<String> {
+    let output = run(lab, program, args, stdin)?;
+    ensure!(
+        output.status.success(),
+        "{program} {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(String::from_utf8(output.stdout)?)
+}
+
+fn template(lab: &Lab, extra: &[&str]) -> Result<String> {
+    let chart = chart_dir().display().to_string();
+    let mut args = vec!["template", RELEASE, &chart, "--namespace", NAMESPACE];
+    args.extend(extra);
+    succeed(lab, "helm", &args, None)
+}
+
+/// The rendered documents, parsed.
+fn documents(rendered: &str) -> Result<Vec<Value>> {
+    let mut out = vec![];
+    for document in serde_yaml::Deserializer::from_str(rendered) {
+        let value = Value::deserialize(document)?;
+        if !value.is_null() {
+            out.push(value);
+        }
+    }
+    Ok(out)
+}
+
+fn ensure_namespace(lab: &Lab) -> Result<()> {
+    let manifest = format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NAMESPACE}\n");
+    succeed(lab, "kubectl", &["apply", "-f", "-"], Some(&manifest))?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_chart_lints_renders_for_the_api_server_and_refuses_wrong_values() -> Result<()> {
+    let lab = bulkhead_e2e::support::lab().await?;
+    let chart = chart_dir().display().to_string();
+    let full = chart_dir()
+        .join("ci/full-values.yaml")
+        .display()
+        .to_string();
+    succeed(&lab, "helm", &["lint", "--strict", &chart], None)?;
+    succeed(
+        &lab,
+        "helm",
+        &["lint", "--strict", &chart, "-f", &full],
+        None,
+    )?;
+    // Off the default path, the optional pieces render too (the lab lacks their CRDs).
+    for (name, set) in [
+        (
+            "cert-manager",
+            "webhook.certificates.mode=certManager,metrics.serviceMonitor.enabled=true",
+        ),
+        (
+            "process certificates",
+            "webhook.certificates.mode=process,replicaCount=1",
+        ),
+        (
+            "no webhook, no leader election",
+            "webhook.enabled=false,leaderElection.enabled=false,replicaCount=1,crds.install=false",
+        ),
+    ] {
+        let rendered = template(&lab, &["--set", set])?;
+        ensure!(
+            rendered.contains("kind: Deployment"),
+            "{name}: no Deployment"
+        );
+    }
+
+    // Real schema validation: the API server's, in a dry run.
+    ensure_namespace(&lab)?;
+    for values in [None, Some(full.as_str())] {
+        let rendered = match values {
+            None => template(&lab, &[])?,
+            Some(file) => template(&lab, &["-f", file])?,
+        };
+        let applied = succeed(
+            &lab,
+            "kubectl",
+            &["apply", "--dry-run=server", "-f", "-"],
+            Some(&rendered),
+        )?;
+        let kinds = documents(&rendered)?.len();
+        ensure!(
+            applied.lines().count() == kinds,
+            "{values:?}: the dry run answered {} lines for {kinds} objects:\n{applied}",
+            applied.lines().count()
+        );
+    }
+
+    // The schema refuses a wrong type, an unknown top-level key and an unknown mode.
+    for (set, fragment) in [
+        ("replicaCount=two", "replicaCount"),
+        ("replicas=2", "additional properties 'replicas' not allowed"),
+        ("webhook.certificates.mode=selfSigned", "mode"),
+        ("leaderElection.enabled=maybe", "enabled"),
+    ] {
+        let args = [
+            "template",
+            RELEASE,
+            &chart,
+            "--namespace",
+            NAMESPACE,
+            "--set",
+            set,
+        ];
+        let output = run(&lab, "helm", &args, None)?;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        ensure!(!output.status.success(), "{set} was accepted");
+        ensure!(
+            stderr.contains("values don't meet the specifications of the schema")
+                && stderr.contains(fragment),
+            "{set}: not refused by the schema: {stderr}"
+        );
+    }
+    // Two replicas that would publish different CAs are refused with the reason.
+    let output = run(
+        &lab,
+        "helm",
+        &[
+            "template",
+            RELEASE,
+            &chart,
+            "--set",
+            "webhook.certificates.mode=process",
+        ],
+        None,
+    )?;
+    ensure!(
+        !output.status.success()
+            && String::from_utf8_lossy(&output.stderr).contains("needs replicaCount 1"),
+        "mode=process with 2 replicas was accepted"
+    );
+    Ok(())
+}
+
+/// The ClusterRole's and the leader-election Role's rules as rendered with the defaults.
+fn rendered_rules(rendered: &str) -> Result<Vec<(String, Vec<PolicyRule>)>> {
+    let mut out = vec![];
+    for document in documents(rendered)? {
+        let kind = document["kind"].as_str().unwrap_or_default().to_string();
+        if kind == "ClusterRole" || kind == "Role" {
+            let rules: Vec<PolicyRule> = serde_json::from_value(document["rules"].clone())?;
+            out.push((kind, rules));
+        }
+    }
+    Ok(out)
+}
+
+#[tokio::test]
+async fn the_chart_grants_exactly_the_documented_permissions() -> Result<()> {
+    let lab = bulkhead_e2e::Lab::from_env();
+    let rendered = template(&lab, &[])?;
+    let docs = std::fs::read_to_string(chart_dir().join("../../docs/operations.md"))?;
+    let roles = rendered_rules(&rendered)?;
+    ensure!(
+        roles.len() == 2,
+        "expected a ClusterRole and a Role: {roles:?}"
+    );
+    for (kind, rules) in roles {
+        for rule in &rules {
+            for list in [&rule.api_groups, &rule.resources, &rule.resource_names] {
+                ensure!(
+                    !list.iter().flatten().any(|item| item.contains('*')),
+                    "{kind}: a wildcard in {rule:?}"
+                );
+            }
+            ensure!(
+                !rule
+                    .verbs
+                    .iter()
+                    .any(|v| v == "*" || v == "escalate" || v == "bind" || v == "impersonate"),
+                "{kind}: {rule:?}"
+            );
+        }
+        let table = bulkhead::cli::join::rules_table(&rules);
+        ensure!(
+            docs.contains(&table),
+            "docs/operations.md must list the chart's {kind} exactly:\n{table}"
+        );
+    }
+    Ok(())
+}
+
+/// The chart's account's requests in the hub API server's audit log from byte `from` on:
+/// (all of them, the refused ones as `verb resource/subresource name: code`).
+fn audited_requests(lab: &Lab, from: u64) -> Result<(usize, Vec<String>)> {
+    let user = format!("system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}");
+    let text = std::fs::read(lab.hub_audit_log()).context("the hub's audit log")?;
+    let text = String::from_utf8_lossy(&text[usize::try_from(from)?.min(text.len())..]).to_string();
+    let mut total = 0;
+    let mut refused = vec![];
+    for line in text.lines() {
+        let Ok(event) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        if event["user"]["username"] != user.as_str() {
+            continue;
+        }
+        total += 1;
+        let code = event["responseStatus"]["code"].as_i64().unwrap_or_default();
+        if code == 401 || code == 403 {
+            let object = &event["objectRef"];
+            refused.push(format!(
+                "{} {}/{} {}: {code}",
+                event["verb"].as_str().unwrap_or_default(),
+                object["resource"].as_str().unwrap_or_default(),
+                object["subresource"].as_str().unwrap_or_default(),
+                object["name"].as_str().unwrap_or_default(),
+            ));
+        }
+    }
+    Ok((total, refused))
+}
+
+fn audit_log_size(lab: &Lab) -> u64 {
+    std::fs::metadata(lab.hub_audit_log())
+        .map(|m| m.len())
+        .unwrap_or(0)
+}
+
+/// A kubeconfig for the hub whose only credential is a fresh token of the chart's
+/// ServiceAccount (TokenRequest, one hour).
+async fn service_account_kubeconfig(lab: &Lab, hub: &kube::Client) -> Result<PathBuf> {
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let answer = Api::<ServiceAccount>::namespaced(hub.clone(), NAMESPACE)
+        .create_token_request(SERVICE_ACCOUNT, &PostParams::default(), &request)
+        .await
+        .context("TokenRequest for the chart's ServiceAccount")?;
+    let token = answer
+        .status
+        .and_then(|s| s.token)
+        .context("empty TokenRequest")?;
+    let admin: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(lab.kubeconfig("hub"))?)?;
+    let cluster = admin["clusters"][0]["cluster"].clone();
+    let kubeconfig = json!({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "hub", "cluster": serde_json::to_value(cluster)?}],
+        "users": [{"name": "chart-service-account", "user": {"token": token}}],
+        "contexts": [{"name": "hub", "context": {"cluster": "hub", "user": "chart-service-account"}}],
+        "current-context": "hub",
+    });
+    let path = lab.root.join("hub/chart-service-account.kubeconfig");
+    std::fs::write(&path, serde_yaml::to_string(&kubeconfig)?)?;
+    Ok(path)
+}
+
+/// The webhook's serving certificate, key and CA from the chart's Secret, as files.
+async fn chart_certificates(lab: &Lab, hub: &kube::Client) -> Result<[PathBuf; 3]> {
+    let secret = Api::<Secret>::namespaced(hub.clone(), NAMESPACE)
+        .get(&format!("{RELEASE}-webhook-tls"))
+        .await?;
+    let data = secret.data.context("the webhook Secret has no data")?;
+    let dir = lab.root.join("hub/chart-webhook-tls");
+    std::fs::create_dir_all(&dir)?;
+    let mut paths = vec![];
+    for key in ["tls.crt", "tls.key", "ca.crt"] {
+        let path = dir.join(key);
+        std::fs::write(&path, &data.get(key).context(key)?.0)?;
+        paths.push(path);
+    }
+    Ok([paths[0].clone(), paths[1].clone(), paths[2].clone()])
+}
+
+/// Uninstalls the release and removes what the hub process changed outside it (the
+/// MyDatabase conversion it pointed at itself), even when the test fails half-way.
+struct Release {
+    lab: Lab,
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        let _ = run(
+            &self.lab,
+            "helm",
+            &[
+                "uninstall",
+                RELEASE,
+                "--namespace",
+                NAMESPACE,
+                "--ignore-not-found",
+            ],
+            None,
+        );
+        for kind in [
+            "validatingwebhookconfiguration",
+            "mutatingwebhookconfiguration",
+        ] {
+            let name = if kind.starts_with("validating") {
+                "bulkhead-validating"
+            } else {
+                "bulkhead-mutating"
+            };
+            let _ = run(
+                &self.lab,
+                "kubectl",
+                &["delete", kind, name, "--ignore-not-found"],
+                None,
+            );
+        }
+        let _ = run(
+            &self.lab,
+            "kubectl",
+            &[
+                "patch",
+                "crd",
+                "mydatabases.example.com",
+                "--type=merge",
+                "-p",
+                r#"{"spec":{"conversion":{"strategy":"None","webhook":null}}}"#,
+            ],
+            None,
+        );
+    }
+}
+
+async fn crd(hub: &kube::Client, name: &str) -> Result<CustomResourceDefinition> {
+    Ok(Api::<CustomResourceDefinition>::all(hub.clone())
+        .get(name)
+        .await?)
+}
+
+#[tokio::test]
+async fn the_hub_with_the_charts_service_account_propagates_and_fails_over_without_a_forbidden_request()
+-> Result<()> {
+    let lab = bulkhead_e2e::support::lab().await?;
+    let hub = lab.client("hub").await?;
+    let chart = chart_dir().display().to_string();
+    let webhook_port = free_port();
+    let webhook_url = format!("https://127.0.0.1:{webhook_port}");
+
+    // Install. The lab applied the CRDs before (other suites): the chart takes them over.
+    let release = Release { lab: lab.clone() };
+    let install_args = [
+        "--namespace",
+        NAMESPACE,
+        "--create-namespace",
+        "--take-ownership",
+        "--set-json",
+        "webhook.certificates.extraIpAddresses=[\"127.0.0.1\"]",
+    ];
+    let mut args = vec!["install", RELEASE, chart.as_str()];
+    args.extend(install_args);
+    succeed(&lab, "helm", &args, None)?;
+    for name in bulkhead::hub::HUB_CRDS {
+        let crd = crd(&hub, name).await?;
+        let annotations = crd.metadata.annotations.unwrap_or_default();
+        ensure!(
+            annotations
+                .get("helm.sh/resource-policy")
+                .map(String::as_str)
+                == Some("keep"),
+            "{name} is not kept on uninstall: {annotations:?}"
+        );
+    }
+
+    // The hub process with only the chart's credentials, its webhook on the chart's
+    // certificate (the lab's API server reaches it by URL, not through the Service).
+    let kubeconfig = service_account_kubeconfig(&lab, &hub).await?;
+    let [cert, key, ca] = chart_certificates(&lab, &hub).await?;
+    let (cert, key, ca) = (
+        cert.display().to_string(),
+        key.display().to_string(),
+        ca.display().to_string(),
+    );
+    let hub_args = [
+        "--webhook",
+        "--listen",
+        &format!("127.0.0.1:{webhook_port}"),
+        "--url",
+        &webhook_url,
+        "--tls-cert-file",
+        &cert,
+        "--tls-key-file",
+        &key,
+        "--ca-file",
+        &ca,
+        "--conversion",
+        "--configuration-name",
+        RELEASE,
+        // Admission only for the suites' namespaces, so nothing else in the lab waits on
+        // this process.
+        "--selector-label",
+        "bulkhead-e2e=true",
+    ]
+    .map(String::from);
+    let hub_args: Vec<&str> = hub_args.iter().map(String::as_str).collect();
+    let audit_from = audit_log_size(&lab);
+    let mut federation =
+        Federation::start_as("install", &hub_args, &["1", "1"], Some(kubeconfig)).await?;
+
+    // Propagation: a Deployment divided 2/2/2 and a MyDatabase in east and west, the
+    // database through the webhook (mutation fills its defaults).
+    federation.run_web_and_orders(TOLERATION_SECONDS).await?;
+    let orders_ready = serde_json::to_value(DatabasePhase::Ready)?;
+    bulkhead_e2e::wait_for(
+        "the hub's MyDatabase status Ready (written by the chart's account)",
+        Duration::from_secs(60),
+        || {
+            let api = federation.api("hub", &databases());
+            let wanted = orders_ready.clone();
+            async move {
+                match api.get("orders").await {
+                    Ok(db) if db.data["status"]["phase"] == wanted => bulkhead_e2e::Check::Done(()),
+                    Ok(db) => bulkhead_e2e::Check::Waiting(db.data["status"].to_string()),
+                    Err(e) => bulkhead_e2e::Check::Waiting(e.to_string()),
+                }
+            }
+        },
+    )
+    .await?;
+
+    // Failover: east cut off, web's replicas move to west and north; heal, back to 2/2/2.
+    let partition = Partition::start(&federation.lab, "east")?;
+    federation
+        .wait_copies_in(
+            &["west", "north"],
+            &deployments(),
+            "web",
+            "3/3 Ready in west and north",
+            Duration::from_secs(90),
+            |c| ready_at(c, &[("west", 3), ("north", 3)]),
+        )
+        .await?;
+    partition.heal()?;
+    federation
+        .wait_copies(
+            &deployments(),
+            "web",
+            "2/2/2 Ready after the heal",
+            Duration::from_secs(120),
+            |c| ready_at(c, &[("east", 2), ("west", 2), ("north", 2)]),
+        )
+        .await?;
+
+    // Not one request of the hub was refused.
+    let (requests, refused) = audited_requests(&lab, audit_from)?;
+    let log = std::fs::read_to_string(federation.hub_log())?;
+    let forbidden_lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.to_lowercase().contains("forbidden"))
+        .collect();
+    eprintln!(
+        "install: the hub made {requests} requests with the chart's account, {} refused (audit log); {} log lines mention forbidden",
+        refused.len(),
+        forbidden_lines.len()
+    );
+    ensure!(
+        requests >= 20,
+        "the audit log shows only {requests} requests of the chart's account: is the hub audited?"
+    );
+    ensure!(
+        refused.is_empty() && forbidden_lines.is_empty(),
+        "the chart's account was refused: {refused:#?}; log lines: {forbidden_lines:#?}"
+    );
+    federation.kill_hub();
+
+    // Upgrade with a changed CRD (a new chart version's CRDs): helm updates it in place.
+    let copy = lab.root.join("hub/chart-upgrade");
+    let _ = std::fs::remove_dir_all(&copy);
+    let status = Command::new("cp")
+        .arg("-r")
+        .arg(chart_dir())
+        .arg(&copy)
+        .status()?;
+    ensure!(status.success(), "copying the chart failed");
+    let crd_file = copy.join("files/crds/federation.example.com_memberclusters.yaml");
+    let text = std::fs::read_to_string(&crd_file)?;
+    ensure!(text.contains("description: Failure domain\n"));
+    std::fs::write(
+        &crd_file,
+        text.replacen(
+            "description: Failure domain\n",
+            &format!("description: {UPGRADED_DESCRIPTION}\n"),
+            1,
+        ),
+    )?;
+    let copy_text = copy.display().to_string();
+    let mut args = vec!["upgrade", RELEASE, copy_text.as_str()];
+    args.extend(install_args.iter().filter(|a| **a != "--create-namespace"));
+    succeed(&lab, "helm", &args, None)?;
+    let upgraded = crd(&hub, "memberclusters.federation.example.com").await?;
+    let description = upgraded.spec.versions[0]
+        .additional_printer_columns
+        .as_ref()
+        .and_then(|columns| columns.first())
+        .and_then(|column| column.description.clone());
+    ensure!(
+        description.as_deref() == Some(UPGRADED_DESCRIPTION),
+        "helm upgrade did not update the CRD: {description:?}"
+    );
+
+    // Uninstall: the CRDs stay, and with them the templates; member copies stay too.
+    succeed(
+        &lab,
+        "helm",
+        &["uninstall", RELEASE, "--namespace", NAMESPACE],
+        None,
+    )?;
+    for name in bulkhead::hub::HUB_CRDS {
+        crd(&hub, name)
+            .await
+            .with_context(|| format!("CRD {name} gone after uninstall"))?;
+    }
+    federation.api("hub", &deployments()).get("web").await?;
+    federation.api("hub", &databases()).get("orders").await?;
+    for member in ["east", "west", "north"] {
+        federation
+            .api(member, &deployments())
+            .get("web")
+            .await
+            .with_context(|| format!("web's copy in {member} gone after uninstall"))?;
+    }
+    for member in ["east", "west"] {
+        federation
+            .api(member, &databases())
+            .get("orders")
+            .await
+            .with_context(|| format!("orders' copy in {member} gone after uninstall"))?;
+    }
+    ensure!(
+        Api::<ServiceAccount>::namespaced(hub.clone(), NAMESPACE)
+            .get_opt(SERVICE_ACCOUNT)
+            .await?
+            .is_none(),
+        "the chart's ServiceAccount outlived the release"
+    );
+    ensure!(
+        Api::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>::all(
+            hub.clone()
+        )
+        .get_opt("bulkhead-validating")
+        .await?
+        .is_none(),
+        "the webhook configuration outlived the release (it would block the API)"
+    );
+    drop(federation);
+    drop(release);
+    // Later suites apply config/crd again; leave the generated description behind.
+    lab.install_crds("hub", &bulkhead_e2e::lab::crd_dir())
+        .await?;
+    Ok(())
+}
