@@ -823,6 +823,214 @@ pub fn short(error: &kube::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::MemberCluster;
+    use crate::hub::membership::members::{MemberConnection, MemberHandle};
+    use kube::client::Body;
+
+    type Handle = tower_test::mock::Handle<http::Request<Body>, http::Response<Body>>;
+
+    /// Writers for one member, "east", whose API server is a mock.
+    fn writers_with_mock() -> (Writers, Handle, mpsc::UnboundedReceiver<Completed>) {
+        let (service, handle) =
+            tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
+        let client = kube::Client::new(service, "default");
+        let object: MemberCluster = serde_json::from_value(json!({
+            "apiVersion": "federation.example.com/v1alpha1", "kind": "MemberCluster",
+            "metadata": {"name": "east"},
+            "spec": {"secretRef": {"namespace": "bulkhead-system", "name": "member-east"}, "zone": "zone-a"}
+        }))
+        .unwrap();
+        let registry = Registry::default();
+        registry.publish(HashMap::from([(
+            "east".to_string(),
+            MemberHandle {
+                name: "east".into(),
+                zone: "zone-a".into(),
+                region: None,
+                probe: object.spec.probe.clone(),
+                object: Arc::new(object),
+                connection: Ok(MemberConnection {
+                    client: client.clone(),
+                    control: client,
+                    server: "https://east".into(),
+                    secret_version: "1".into(),
+                    kubeconfig: Arc::from(""),
+                }),
+            },
+        )]));
+        let (completed, receiver) = mpsc::unbounded_channel();
+        let kinds = vec![ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(
+            &(),
+        )];
+        let writers = Writers::new(
+            registry,
+            kinds,
+            completed,
+            Arc::new(|_: &str, _: &str, _: bool| {}),
+            CancellationToken::new(),
+        );
+        (writers, handle, receiver)
+    }
+
+    fn respond(
+        respond: tower_test::mock::SendResponse<http::Response<Body>>,
+        status: u16,
+        body: Value,
+    ) {
+        respond.send_response(
+            http::Response::builder()
+                .status(status)
+                .body(Body::from(body.to_string().into_bytes()))
+                .unwrap(),
+        );
+    }
+
+    fn not_found() -> Value {
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "namespaces \"shop\" not found"})
+    }
+
+    fn config_map(version: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": "settings", "namespace": "shop", "uid": "u1", "resourceVersion": version,
+                            "labels": {LABEL_MANAGED_BY: MANAGED_BY}}})
+    }
+
+    fn key() -> ObjectKey {
+        ObjectKey {
+            kind: 0,
+            namespace: "shop".into(),
+            name: "settings".into(),
+        }
+    }
+
+    fn apply(check_conflict: bool) -> CopyOp {
+        CopyOp::Apply {
+            object: config_map("0"),
+            check_conflict,
+            resolution: ConflictResolution::Abort,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_first_apply_lists_once_creates_the_missing_namespace_and_applies_again() {
+        let (writers, mut server, mut completed) = writers_with_mock();
+        assert!(writers.want("east", &key(), apply(true), REWRITE));
+        // The conflict check: one metadata list of the namespace's ConfigMaps, no GET.
+        let (request, reply) = server.next_request().await.unwrap();
+        assert_eq!(request.method(), http::Method::GET);
+        assert_eq!(request.uri().path(), "/api/v1/namespaces/shop/configmaps");
+        respond(
+            reply,
+            200,
+            json!({"apiVersion": "v1", "kind": "PartialObjectMetadataList", "metadata": {}, "items": []}),
+        );
+        let (request, reply) = server.next_request().await.unwrap();
+        assert_eq!(request.method(), http::Method::PATCH);
+        respond(reply, 404, not_found());
+        let (request, reply) = server.next_request().await.unwrap();
+        assert_eq!(
+            (request.method(), request.uri().path()),
+            (&http::Method::POST, "/api/v1/namespaces")
+        );
+        respond(
+            reply,
+            201,
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}}),
+        );
+        let (request, reply) = server.next_request().await.unwrap();
+        assert_eq!(request.method(), http::Method::PATCH);
+        assert_eq!(
+            request.uri().path(),
+            "/api/v1/namespaces/shop/configmaps/settings"
+        );
+        respond(reply, 200, config_map("12"));
+        let done = completed.recv().await.unwrap();
+        assert_eq!(
+            (done.cluster.as_str(), done.outcome),
+            ("east", Outcome::Done)
+        );
+        // What the member returned answers for the copy until the watch catches up.
+        let fresh = writers.fresh("east", &key(), None).unwrap();
+        assert_eq!(fresh.metadata.resource_version.as_deref(), Some("12"));
+        // The same op again is not written again (it is done, and recent).
+        assert!(!writers.want("east", &key(), apply(true), REWRITE));
+        assert_eq!(writers.pending(), 0);
+    }
+
+    #[tokio::test]
+    async fn an_object_that_is_not_the_hubs_is_a_conflict_and_left_untouched() {
+        let (writers, mut server, mut completed) = writers_with_mock();
+        writers.want("east", &key(), apply(true), REWRITE);
+        let (_, reply) = server.next_request().await.unwrap();
+        respond(
+            reply,
+            200,
+            json!({"apiVersion": "v1", "kind": "PartialObjectMetadataList", "metadata": {},
+                   "items": [{"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                              "metadata": {"name": "settings", "namespace": "shop", "labels": {"team": "a"}}}]}),
+        );
+        let done = completed.recv().await.unwrap();
+        assert!(
+            matches!(&done.outcome, Outcome::Conflict(message) if message.contains("not managed by Bulkhead")),
+            "{:?}",
+            done.outcome
+        );
+        // No apply was sent.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), server.next_request())
+                .await
+                .is_err()
+        );
+    }
+
+    #[tokio::test]
+    async fn the_latest_wanted_state_wins_and_a_forgotten_write_never_runs() {
+        let (writers, mut server, mut completed) = writers_with_mock();
+        writers.want("east", &key(), apply(false), REWRITE);
+        // A newer op while the first is in flight: the first's outcome is dropped and the
+        // newer one is written after it.
+        let (_, first) = server.next_request().await.unwrap();
+        let newer = CopyOp::Apply {
+            object: json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings"}, "data": {"a": "b"}}),
+            check_conflict: false,
+            resolution: ConflictResolution::Abort,
+        };
+        assert!(writers.want("east", &key(), newer.clone(), REWRITE));
+        respond(first, 200, config_map("5"));
+        let (request, second) = server.next_request().await.unwrap();
+        let body = http_body_util::BodyExt::collect(request.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        assert!(String::from_utf8_lossy(&body).contains("\"a\":\"b\""));
+        respond(second, 200, config_map("6"));
+        let done = completed.recv().await.unwrap();
+        assert_eq!(done.outcome, Outcome::Done);
+        assert!(
+            writers
+                .state("east", &key(), Some(&newer))
+                .is_some_and(|s| s.current)
+        );
+
+        // Forgotten before a worker takes it: never sent.
+        let other = ObjectKey {
+            name: "other".into(),
+            ..key()
+        };
+        writers.want("east", &other, apply(false), REWRITE);
+        writers.forget("east", &other);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Whether the worker took it before the forget or not, nothing stays pending.
+        if let Ok(Some((_, reply))) =
+            tokio::time::timeout(Duration::from_millis(50), server.next_request()).await
+        {
+            respond(reply, 200, config_map("7"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(writers.pending(), 0);
+    }
+
+    const REWRITE: Duration = Duration::from_secs(10);
 
     fn object(uid: &str, version: &str) -> DynamicObject {
         let mut o = DynamicObject::new(
