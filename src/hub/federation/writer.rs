@@ -18,11 +18,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Namespace;
+use kube::Api;
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
     Preconditions,
 };
-use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -134,7 +134,11 @@ enum Fresh {
 /// The state of one copy in a writer.
 #[derive(Clone, Debug)]
 struct Record {
-    op: CopyOp,
+    /// The op to write; dropped once it is done (only its fingerprint is kept), so a
+    /// settled hub does not hold a second copy of every body.
+    op: Option<CopyOp>,
+    /// Apply (not delete).
+    is_apply: bool,
     fingerprint: u64,
     /// None while queued or being written.
     outcome: Option<Outcome>,
@@ -292,10 +296,12 @@ impl Writers {
             }
             let fresh = records.get(key).and_then(|r| r.fresh.clone());
             let applied = records.get(key).and_then(|r| r.applied.clone());
+            let is_apply = matches!(op, CopyOp::Apply { .. });
             records.insert(
                 key.clone(),
                 Record {
-                    op,
+                    op: Some(op),
+                    is_apply,
                     fingerprint,
                     outcome: None,
                     finished: None,
@@ -347,7 +353,7 @@ impl Writers {
             current: op.is_some_and(|op| op.fingerprint() == record.fingerprint),
             outcome: record.outcome.clone(),
             finished_ago: record.finished.map(|at| at.elapsed()),
-            applying: record.outcome.is_none() && matches!(record.op, CopyOp::Apply { .. }),
+            applying: record.outcome.is_none() && record.is_apply,
         })
     }
 
@@ -465,7 +471,7 @@ async fn work(inner: Arc<Inner>, writer: Arc<MemberWriter>) {
             records
                 .get(&key)
                 .filter(|r| r.outcome.is_none())
-                .map(|r| (r.op.clone(), r.fingerprint))
+                .and_then(|r| Some((r.op.clone()?, r.fingerprint)))
         };
         if let Some((op, fingerprint)) = op {
             let (outcome, fresh, retry) = execute(&inner, &writer, &key, &op).await;
@@ -488,6 +494,7 @@ async fn work(inner: Arc<Inner>, writer: Arc<MemberWriter>) {
                         }
                         if outcome == Outcome::Done {
                             record.attempts = 0;
+                            record.op = None;
                         } else {
                             record.attempts += 1;
                             if retry && record.wanted {
@@ -682,7 +689,10 @@ async fn apply(
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(key.namespace.clone());
-            written.managed_fields_mut().clear();
+            crate::hub::federation::copy_cache::slim_copy(
+                &mut written,
+                resource.group == "example.com",
+            );
             (Outcome::Done, Some(Fresh::Object(Arc::new(written))), false)
         }
         Err(error) => {
@@ -789,7 +799,10 @@ async fn delete(
             tracing::info!(cluster, namespace = %key.namespace, name = %key.name, kind = %resource.kind, "deleted the copy");
             let fresh = match either {
                 either::Either::Left(mut object) => {
-                    object.managed_fields_mut().clear();
+                    crate::hub::federation::copy_cache::slim_copy(
+                        &mut object,
+                        resource.group == "example.com",
+                    );
                     Fresh::Object(Arc::new(object))
                 }
                 either::Either::Right(_) => Fresh::Gone(uid.clone()),
