@@ -21,6 +21,8 @@
 //! bound, when it no longer does.
 
 use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering as AtomicOrdering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -228,28 +230,46 @@ fn is_dns_subdomain(text: &str) -> bool {
 
 /// Whether this process leads, and a way to wait for that to change. Cheap to clone;
 /// every clone sees the same value.
+///
+/// [`Leadership::is_leader`] also checks the renew deadline itself, by the clock, at
+/// every call: a process that was frozen (SIGSTOP, a paused VM) past its deadline reads
+/// `false` the instant it resumes, before the election task has run and flipped the
+/// value. Check it right before each write.
 #[derive(Clone, Debug)]
 pub struct Leadership {
     receiver: watch::Receiver<bool>,
+    /// Unix microseconds until which the current term is valid without another renewal.
+    until: Arc<AtomicI64>,
 }
 
 impl Leadership {
     /// A process without leader election: it always leads.
     pub fn always() -> Self {
         let (_, receiver) = watch::channel(true);
-        Leadership { receiver }
+        Leadership {
+            receiver,
+            until: Arc::new(AtomicI64::new(i64::MAX)),
+        }
     }
 
     /// A handle whose value the returned sender sets (tests, and embedders that elect a
-    /// leader in their own way).
+    /// leader in their own way); no deadline applies.
     pub fn manual(initial: bool) -> (watch::Sender<bool>, Self) {
         let (sender, receiver) = watch::channel(initial);
-        (sender, Leadership { receiver })
+        let until = Arc::new(AtomicI64::new(i64::MAX));
+        (sender, Leadership { receiver, until })
+    }
+
+    /// Sets the instant past which this replica no longer leads unless it is set again.
+    fn set_until(&self, until: jiff::Timestamp) {
+        self.until
+            .store(until.as_microsecond(), AtomicOrdering::SeqCst);
     }
 
     /// Whether this process leads now.
     pub fn is_leader(&self) -> bool {
         *self.receiver.borrow()
+            && jiff::Timestamp::now().as_microsecond() < self.until.load(AtomicOrdering::SeqCst)
     }
 
     /// Waits until the value changes and returns the new one. Once the election has
@@ -325,6 +345,59 @@ pub async fn run_while_leader<F, Fut>(
         if shutdown.is_cancelled() {
             return;
         }
+    }
+}
+
+/// A client that sends reads always and writes (every method but GET, HEAD, OPTIONS) only
+/// while `leadership` leads, checked when each request is sent: a deposed leader's
+/// controller, still finishing a pass or resuming from a freeze, cannot write to the hub
+/// through it. A refused write fails like a request that did not reach the server.
+pub fn write_gated(client: Client, leadership: Leadership) -> Client {
+    let namespace = client.default_namespace().to_string();
+    Client::new(WriteGate { client, leadership }, namespace)
+}
+
+#[derive(Clone)]
+struct WriteGate {
+    client: Client,
+    leadership: Leadership,
+}
+
+/// Why a gated write was not sent.
+#[derive(Debug, thiserror::Error)]
+#[error("this hub is not the leader: {method} {path} not sent")]
+pub struct NotLeader {
+    pub method: String,
+    pub path: String,
+}
+
+impl tower::Service<http::Request<kube::client::Body>> for WriteGate {
+    type Response = http::Response<kube::client::Body>;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Future =
+        futures::future::BoxFuture<'static, std::result::Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::result::Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<kube::client::Body>) -> Self::Future {
+        let read = matches!(
+            *request.method(),
+            http::Method::GET | http::Method::HEAD | http::Method::OPTIONS
+        );
+        if !read && !self.leadership.is_leader() {
+            let refused = NotLeader {
+                method: request.method().to_string(),
+                path: request.uri().path().to_string(),
+            };
+            return Box::pin(async move { Err(refused.into()) });
+        }
+        let client = self.client.clone();
+        Box::pin(async move { client.send(request).await.map_err(Into::into) })
     }
 }
 
@@ -501,6 +574,7 @@ pub fn start(
         return (Leadership::always(), Election { task: None });
     };
     let (sender, leadership) = Leadership::manual(false);
+    leadership.set_until(jiff::Timestamp::UNIX_EPOCH);
     election_metrics.leader.set(0);
     tracing::info!(
         namespace = %settings.namespace,
@@ -515,6 +589,7 @@ pub fn start(
         client,
         settings,
         sender,
+        leadership: leadership.clone(),
         metrics: election_metrics,
         recorder,
     };
@@ -526,6 +601,8 @@ struct Elector {
     client: Client,
     settings: ElectionSettings,
     sender: watch::Sender<bool>,
+    /// The handle's deadline, moved forward at every confirmed renewal.
+    leadership: Leadership,
     metrics: ElectionMetrics,
     recorder: Recorder,
 }
@@ -645,6 +722,7 @@ impl Elector {
             );
             let wake = match &verdict {
                 Verdict::Leading { until } => {
+                    self.leadership.set_until(*until);
                     if !leading {
                         leading = true;
                         self.publish(true, "", &current).await;
@@ -652,6 +730,7 @@ impl Elector {
                     Some(*until)
                 }
                 Verdict::Standby(reason) => {
+                    self.leadership.set_until(jiff::Timestamp::UNIX_EPOCH);
                     if leading {
                         leading = false;
                         self.publish(false, reason, &current).await;
@@ -700,6 +779,7 @@ impl Elector {
                 _ = sleep => {}
             }
         }
+        self.leadership.set_until(jiff::Timestamp::UNIX_EPOCH);
         if leading {
             let last = view.borrow().clone();
             self.publish(false, SHUTTING_DOWN, &last).await;
@@ -917,6 +997,54 @@ mod tests {
             verdict(true, &LeaseView::gone(), "hub-a", at(103), deadline),
             Verdict::Standby(_)
         ));
+    }
+
+    #[test]
+    fn a_term_past_its_deadline_does_not_lead_even_before_the_election_notices() {
+        let (_sender, leadership) = Leadership::manual(true);
+        assert!(leadership.is_leader());
+        leadership.set_until(jiff::Timestamp::now() + jiff::SignedDuration::from_secs(5));
+        assert!(leadership.is_leader());
+        leadership.set_until(jiff::Timestamp::now() - jiff::SignedDuration::from_millis(1));
+        assert!(
+            !leadership.is_leader(),
+            "the flag still says true; the clock says no"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_standby_sends_reads_but_no_writes() {
+        use kube::client::Body;
+        let (service, mut handle) =
+            tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
+        let (sender, leadership) = Leadership::manual(false);
+        let gated = write_gated(Client::new(service, "default"), leadership);
+        let server = tokio::spawn(async move {
+            let mut methods = vec![];
+            while let Some((request, respond)) = handle.next_request().await {
+                methods.push(request.method().clone());
+                respond.send_response(
+                    http::Response::builder()
+                        .body(Body::from(
+                            br#"{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"x"}}"#
+                                .to_vec(),
+                        ))
+                        .unwrap(),
+                );
+            }
+            methods
+        });
+        let api = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(gated, "default");
+        assert!(api.get("x").await.is_ok(), "reads go through");
+        assert!(
+            api.delete("x", &Default::default()).await.is_err(),
+            "a standby's write is refused"
+        );
+        sender.send_replace(true);
+        assert!(api.delete("x", &Default::default()).await.is_ok());
+        drop(api);
+        let methods = server.await.unwrap();
+        assert_eq!(methods, vec![http::Method::GET, http::Method::DELETE]);
     }
 
     #[tokio::test]

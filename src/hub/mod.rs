@@ -302,6 +302,7 @@ pub async fn run_membership(
     ));
 
     let lease_settings = lease::LeaseSettings {
+        leadership: state.leadership.clone(),
         identity,
         renew_interval: options.lease_renew_interval,
         duration: options.lease_duration,
@@ -333,6 +334,7 @@ pub async fn run_membership(
         recorder: recorder.clone(),
         check_interval: options.token_check_interval,
         renew_fraction: options.token_renew_fraction,
+        leadership: state.leadership.clone(),
     };
     let renew_token =
         move |name, cancel| tokens::renew_member_token(token_context.clone(), name, cancel);
@@ -360,7 +362,10 @@ pub async fn run_membership(
 
     // The federation controller runs as a whole on the leader; a new term starts it cold
     // (it writes nothing that is already right).
-    let controller_client = process.client.clone();
+    // Its hub writes also check leadership at each request (a pass still running, or a
+    // process resuming from a freeze, cannot write through it once the term is over).
+    let controller_client =
+        crate::leader::write_gated(process.client.clone(), state.leadership.clone());
     let controller_state = state.clone();
     let controller_metrics = process.metrics.clone();
     let eviction_rate = options.eviction_rate;
