@@ -38,6 +38,34 @@ const PACE: Duration = Duration::from_millis(400);
 /// The leader is killed once this many burst templates exist.
 const KILL_AFTER: usize = 20;
 
+/// The hub flags of the tests' election, with Lease `lease`.
+fn election_args(lease: &str) -> Vec<String> {
+    [
+        "--leader-elect",
+        "--leader-elect-namespace",
+        LEASE_NAMESPACE,
+        "--leader-elect-lease-name",
+        lease,
+        "--leader-elect-lease-duration",
+        &format!("{}s", LEASE_DURATION.as_secs()),
+        "--leader-elect-renew-deadline",
+        RENEW_DEADLINE,
+        "--leader-elect-retry-period",
+        RETRY_PERIOD,
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// Deletes the test's Lease from the lab's hub (best effort).
+async fn delete_lease(lease: &str) -> Result<()> {
+    let hub = bulkhead_e2e::support::lab().await?.client("hub").await?;
+    let _ = Api::<Lease>::namespaced(hub, LEASE_NAMESPACE)
+        .delete(lease, &Default::default())
+        .await;
+    Ok(())
+}
+
 fn deployment(name: &str) -> Value {
     json!({
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
@@ -90,9 +118,40 @@ async fn activity(hub: &HubProcess) -> Result<Activity> {
 
 /// Waits until the process says it leads (`leader`) or is a standby.
 async fn wait_leader(hub: &HubProcess, what: &str, leader: bool, timeout: Duration) -> Result<()> {
+    wait_leader_in(|| hub.metrics(), what, leader, timeout).await
+}
+
+/// Waits (lease duration + slack) until `standby` leads; prints how long after `since`.
+async fn wait_takeover(standby: &HubProcess, what: &str, since: Instant) -> Result<()> {
+    wait_leader(
+        standby,
+        what,
+        true,
+        LEASE_DURATION + Duration::from_secs(15),
+    )
+    .await?;
+    eprintln!(
+        "{what}: {:?} (lease duration {LEASE_DURATION:?})",
+        since.elapsed()
+    );
+    Ok(())
+}
+
+/// [`wait_leader`] for the process whose metrics `metrics` reads.
+async fn wait_leader_in<F, Fut>(
+    metrics: F,
+    what: &str,
+    leader: bool,
+    timeout: Duration,
+) -> Result<()>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<String>>,
+{
     let wanted = if leader { 1.0 } else { 0.0 };
-    wait_for(what, timeout, || async {
-        match hub.metrics().await {
+    let metrics = &metrics;
+    wait_for(what, timeout, || async move {
+        match metrics().await {
             Ok(text) => match metric_sample(&text, "bulkhead_hub_leader") {
                 Some(value) if value == wanted => Check::Done(()),
                 value => Check::Waiting(format!("bulkhead_hub_leader {value:?}")),
@@ -101,6 +160,31 @@ async fn wait_leader(hub: &HubProcess, what: &str, leader: bool, timeout: Durati
         }
     })
     .await
+}
+
+/// Applies a policy that sends every Deployment of the namespace to every member, then
+/// `WARM` Deployments named `<prefix>-<i>`, and waits for their copies; returns the
+/// number of members.
+async fn propagate_warm_up(federation: &Federation, prefix: &str) -> Result<usize> {
+    federation
+        .apply(
+            &policies(),
+            federation.policy(
+                "every-deployment",
+                json!([{"apiVersion": "apps/v1", "kind": "Deployment"}]),
+                json!({}),
+                json!({}),
+            ),
+        )
+        .await?;
+    for i in 0..WARM {
+        federation
+            .apply(&deployments(), deployment(&format!("{prefix}-{i}")))
+            .await?;
+    }
+    let members = federation.members.len();
+    wait_copies(federation, WARM * members, Duration::from_secs(60)).await?;
+    Ok(members)
 }
 
 /// Waits until the process's member calls and hub writes have not moved for `quiet`.
@@ -169,20 +253,8 @@ async fn wait_copies(federation: &Federation, wanted: usize, timeout: Duration) 
 #[tokio::test]
 async fn one_hub_leads_a_killed_leader_is_replaced_and_a_stopped_one_hands_over() -> Result<()> {
     let lease = format!("e2e-hub-leader-{}", std::process::id());
-    let lease_duration = format!("{}s", LEASE_DURATION.as_secs());
-    let election = [
-        "--leader-elect",
-        "--leader-elect-namespace",
-        LEASE_NAMESPACE,
-        "--leader-elect-lease-name",
-        &lease,
-        "--leader-elect-lease-duration",
-        &lease_duration,
-        "--leader-elect-renew-deadline",
-        RENEW_DEADLINE,
-        "--leader-elect-retry-period",
-        RETRY_PERIOD,
-    ];
+    let election = election_args(&lease);
+    let election: Vec<&str> = election.iter().map(String::as_str).collect();
     // The federation's own hub starts first and takes the Lease (the members turn Ready
     // only when a leader writes their status).
     let mut federation = Federation::start("leader", &election).await?;
@@ -207,24 +279,7 @@ async fn one_hub_leads_a_killed_leader_is_replaced_and_a_stopped_one_hands_over(
 
     // Exactly one writes: templates propagated by the leader, nothing by the standby,
     // which probes the members all the same.
-    federation
-        .apply(
-            &policies(),
-            federation.policy(
-                "every-deployment",
-                json!([{"apiVersion": "apps/v1", "kind": "Deployment"}]),
-                json!({}),
-                json!({}),
-            ),
-        )
-        .await?;
-    for i in 0..WARM {
-        federation
-            .apply(&deployments(), deployment(&format!("warm-{i}")))
-            .await?;
-    }
-    let members = federation.members.len();
-    wait_copies(&federation, WARM * members, Duration::from_secs(60)).await?;
+    let members = propagate_warm_up(&federation, "warm").await?;
     let leader_activity = Activity::of(&federation.hub_metrics().await?);
     let standby_text = standby.metrics().await?;
     let standby_activity = Activity::of(&standby_text);
@@ -304,17 +359,12 @@ async fn one_hub_leads_a_killed_leader_is_replaced_and_a_stopped_one_hands_over(
         creator.await??;
     }
 
-    wait_leader(
+    wait_takeover(
         &standby,
         "the standby to lead after the leader was killed",
-        true,
-        LEASE_DURATION + Duration::from_secs(15),
+        killed,
     )
     .await?;
-    eprintln!(
-        "the standby leads {:?} after the kill (lease duration {LEASE_DURATION:?})",
-        killed.elapsed()
-    );
     assert_eq!(
         lease_holder(&federation, &lease).await?.as_deref(),
         Some(second.as_str())
@@ -376,24 +426,11 @@ async fn one_hub_leads_a_killed_leader_is_replaced_and_a_stopped_one_hands_over(
     // leader is stopped, releases the Lease, and the standby leads well before the Lease
     // could have expired (the stopping leader renewed it until it released it).
     federation.start_hub()?;
-    wait_for(
+    wait_leader_in(
+        || federation.hub_metrics(),
         "the restarted hub to run as a standby",
+        false,
         Duration::from_secs(60),
-        || async {
-            match federation.hub_metrics().await {
-                Ok(text)
-                    if metric_sample(&text, "bulkhead_hub_leader") == Some(0.0)
-                        && text.contains("bulkhead_member_ready{cluster=\"east\"} 1") =>
-                {
-                    Check::Done(())
-                }
-                Ok(text) => Check::Waiting(format!(
-                    "bulkhead_hub_leader {:?}",
-                    metric_sample(&text, "bulkhead_hub_leader")
-                )),
-                Err(e) => Check::Waiting(e.to_string()),
-            }
-        },
     )
     .await?;
     let stopping = Instant::now();
@@ -449,9 +486,115 @@ async fn one_hub_leads_a_killed_leader_is_replaced_and_a_stopped_one_hands_over(
     assert_eq!(member_copies(&federation).await?, copies);
 
     drop(federation);
-    let hub = bulkhead_e2e::support::lab().await?.client("hub").await?;
-    let _ = Api::<Lease>::namespaced(hub, LEASE_NAMESPACE)
-        .delete(&lease, &Default::default())
-        .await;
-    Ok(())
+    delete_lease(&lease).await
+}
+
+/// A leader that is frozen (SIGSTOP: a paused VM, a stalled node) longer than the lease
+/// duration is replaced; when it resumes it finds its renew deadline passed and the Lease
+/// held by the other replica, stops leading at once and writes nothing more.
+#[tokio::test]
+async fn a_frozen_leader_is_replaced_and_stops_writing_when_it_resumes() -> Result<()> {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let lease = format!("e2e-hub-leader-frozen-{}", std::process::id());
+    let election = election_args(&lease);
+    let election: Vec<&str> = election.iter().map(String::as_str).collect();
+    let federation = Federation::start("leader-frozen", &election).await?;
+    let first = federation.hub_identity().context("identity")?.to_string();
+    let second = format!("{first}-b");
+    let standby = federation.start_another_hub(&second)?;
+    wait_leader(
+        &standby,
+        "the second hub to run as a standby",
+        false,
+        Duration::from_secs(60),
+    )
+    .await?;
+    let members = propagate_warm_up(&federation, "before").await?;
+
+    let pid = Pid::from_raw(federation.hub_pid().context("hub pid")? as i32);
+    // Freeze a quiet leader, so that no write of its is in flight across the freeze (the
+    // fencing renewals never stop: one per member may be, and is allowed below).
+    let mut before = Activity::of(&federation.hub_metrics().await?);
+    let mut quiet_since = Instant::now();
+    while quiet_since.elapsed() < Duration::from_secs(3) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = Activity::of(&federation.hub_metrics().await?);
+        if (now.member_calls, now.hub_writes) != (before.member_calls, before.hub_writes) {
+            quiet_since = Instant::now();
+        }
+        before = now;
+    }
+    kill(pid, Signal::SIGSTOP)?;
+    let frozen = Instant::now();
+    let resumed = async {
+        wait_takeover(
+            &standby,
+            "the standby to lead while the leader is frozen",
+            frozen,
+        )
+        .await?;
+        for i in 0..WARM {
+            federation
+                .apply(&deployments(), deployment(&format!("during-{i}")))
+                .await?;
+        }
+        wait_copies(&federation, 2 * WARM * members, Duration::from_secs(60)).await
+    }
+    .await;
+    kill(pid, Signal::SIGCONT)?;
+    resumed?;
+    let thawed = Instant::now();
+    wait_leader_in(
+        || federation.hub_metrics(),
+        "the resumed hub to stand by",
+        false,
+        Duration::from_secs(10),
+    )
+    .await?;
+    let stepped_down = Activity::of(&federation.hub_metrics().await?);
+    eprintln!(
+        "the resumed hub stood by {:?} after SIGCONT; before the freeze {before:?}, after {stepped_down:?}",
+        thawed.elapsed()
+    );
+    tokio::time::sleep(LEASE_DURATION).await;
+    let later = Activity::of(&federation.hub_metrics().await?);
+    assert_eq!(later.leader, Some(0.0), "it does not lead again");
+    // Nothing written from the moment it froze: its writers check the renew deadline by
+    // the clock at each write, so the first instant after SIGCONT already refuses them.
+    let writes = |a: &Activity| {
+        (
+            a.applies,
+            a.deletes,
+            a.evictions,
+            a.hub_writes,
+            a.status_writes,
+        )
+    };
+    assert!(
+        stepped_down.fencing_renewals - before.fencing_renewals <= members as f64,
+        "at most the renewals in flight at the freeze complete after it"
+    );
+    assert_eq!(later.fencing_renewals, stepped_down.fencing_renewals);
+    assert_eq!(
+        writes(&stepped_down),
+        writes(&before),
+        "a deposed leader writes nothing when it resumes"
+    );
+    assert_eq!(writes(&later), writes(&before), "nor later");
+    assert_eq!(stepped_down.deletes + stepped_down.evictions, 0.0);
+    assert_eq!(
+        lease_holder(&federation, &lease).await?.as_deref(),
+        Some(second.as_str())
+    );
+    wait_leader(
+        &standby,
+        "the other replica to keep leading",
+        true,
+        Duration::from_secs(5),
+    )
+    .await?;
+    drop(standby);
+    drop(federation);
+    delete_lease(&lease).await
 }
