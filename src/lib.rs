@@ -6,6 +6,7 @@ pub mod api;
 pub mod cli;
 pub mod error;
 pub mod hub;
+pub mod leader;
 pub mod metrics;
 pub mod process;
 pub mod server;

@@ -1,9 +1,11 @@
 //! Prometheus metrics shared by every long-running process. Names follow
 //! `bulkhead_<area>_<what>_<unit>`.
 
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 
+use prometheus_client::collector::Collector;
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -23,10 +25,37 @@ struct BuildLabels {
     process: String,
 }
 
+/// One subsystem metric: name (without the prefix), help text, the metric.
+type SubsystemMetric = (String, String, Box<dyn Metric>);
+
+/// The subsystems' metrics, encoded after the process-wide ones on every scrape.
+#[derive(Debug, Default)]
+struct Subsystems(RwLock<Vec<SubsystemMetric>>);
+
+impl Collector for Subsystems {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let metrics = self
+            .0
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        for (name, help, metric) in metrics.iter().filter(|(_, _, m)| !m.is_empty()) {
+            let metric_encoder = encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                EncodeMetric::metric_type(metric.as_ref()),
+            )?;
+            metric.encode(metric_encoder)?;
+        }
+        Ok(())
+    }
+}
+
 /// The registry and the metrics every process has. Subsystems register their own with
 /// [`Metrics::register`].
 pub struct Metrics {
     registry: RwLock<Registry>,
+    subsystems: Arc<Subsystems>,
     /// Reconciles run, per controller.
     pub reconciles: Family<ControllerLabels, Counter>,
     /// Reconciles that returned an error, per controller.
@@ -74,20 +103,37 @@ impl Metrics {
             reconcile_duration.clone(),
         );
 
+        let subsystems = Arc::new(Subsystems::default());
+        registry.register_collector(Box::new(subsystems.clone()));
+
         Metrics {
             registry: RwLock::new(registry),
+            subsystems,
             reconciles,
             reconcile_errors,
             reconcile_duration,
         }
     }
 
-    /// Registers a subsystem's metric under `bulkhead_<name>`.
+    /// Registers a subsystem's metric under `bulkhead_<name>`. Registering a name again
+    /// replaces the earlier metric: a subsystem started again in the same process (the
+    /// federation controller when a hub regains leadership) exports its new counters, not
+    /// two series of one name (which Prometheus refuses).
     pub fn register(&self, name: &str, help: &str, metric: impl Metric) {
-        self.registry
+        let mut metrics = self
+            .subsystems
+            .0
             .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .register(name, help, metric);
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let entry = (
+            name.to_string(),
+            format!("{help}."),
+            Box::new(metric) as Box<dyn Metric>,
+        );
+        match metrics.iter_mut().find(|(existing, _, _)| existing == name) {
+            Some(slot) => *slot = entry,
+            None => metrics.push(entry),
+        }
     }
 
     /// Encodes every metric in the OpenMetrics text format Prometheus scrapes.
@@ -154,5 +200,28 @@ mod tests {
         );
         fenced.set(1);
         assert!(metrics.encode().contains("bulkhead_agent_fenced 1"));
+    }
+
+    #[test]
+    fn registering_a_name_again_replaces_the_metric() {
+        let metrics = Metrics::new("hub");
+        let first = Counter::<u64>::default();
+        metrics.register("hub_writes", "Writes", first.clone());
+        first.inc();
+        let second = Counter::<u64>::default();
+        metrics.register("hub_writes", "Writes", second.clone());
+        second.inc_by(5);
+        let text = metrics.encode();
+        assert_eq!(
+            text.matches("# TYPE bulkhead_hub_writes counter").count(),
+            1,
+            "{text}"
+        );
+        assert!(text.contains("bulkhead_hub_writes_total 5"), "{text}");
+        assert!(
+            text.contains("# HELP bulkhead_hub_writes Writes."),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"));
     }
 }

@@ -177,31 +177,43 @@ impl Federation {
         self.hub_process.as_ref().map(HubProcess::pid)
     }
 
+    /// Starts another hub process with the federation's hub arguments but identity
+    /// `identity` (for leader election tests); its log is
+    /// `<lab>/hub/logs/<namespace>-<identity>.log`. The federation does not track it.
+    pub fn start_another_hub(&self, identity: &str) -> Result<HubProcess> {
+        let mut args = self.hub_args.clone();
+        let at = args
+            .iter()
+            .position(|a| a == "--identity")
+            .context("hub arguments without --identity")?;
+        args[at + 1] = identity.to_string();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        HubProcess::start(
+            &self.lab,
+            &format!("{}-{identity}.log", self.namespace),
+            &args,
+        )
+    }
+
+    /// The identity the federation's own hub process runs with.
+    pub fn hub_identity(&self) -> Option<&str> {
+        let at = self.hub_args.iter().position(|a| a == "--identity")?;
+        self.hub_args.get(at + 1).map(String::as_str)
+    }
+
     /// The hub's `/metrics` text.
     pub async fn hub_metrics(&self) -> Result<String> {
-        let port = self
-            .hub_process
+        self.hub_process
             .as_ref()
             .context("hub not running")?
-            .probe_port;
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        stream
-            .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-            .await?;
-        let mut text = String::new();
-        stream.read_to_string(&mut text).await?;
-        Ok(text)
+            .metrics()
+            .await
     }
 
     /// Sum of a counter's samples in the hub's metrics whose line contains `filter`.
     pub async fn hub_counter(&self, name: &str, filter: &str) -> Result<f64> {
         let text = self.hub_metrics().await?;
-        Ok(text
-            .lines()
-            .filter(|l| l.starts_with(name) && l.contains(filter))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum())
+        Ok(crate::hub_support::counter_sum(&text, name, filter))
     }
 
     /// Waits until every member is Ready on the hub.

@@ -93,6 +93,45 @@ impl HubProcess {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// The process's `/metrics` text.
+    pub async fn metrics(&self) -> Result<String> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", self.probe_port)).await?;
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            .await?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text).await?;
+        Ok(text)
+    }
+
+    /// Sends SIGTERM and waits (up to `timeout`) for the process to exit; returns whether
+    /// it exited successfully.
+    pub async fn terminate(&mut self, timeout: std::time::Duration) -> Result<bool> {
+        use nix::sys::signal::{Signal, kill};
+        use nix::unistd::Pid;
+        kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM)?;
+        let started = std::time::Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status.success());
+            }
+            anyhow::ensure!(
+                started.elapsed() < timeout,
+                "the hub did not exit within {timeout:?} of SIGTERM"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Sum of the samples of `name` in Prometheus text whose line contains `filter`.
+pub fn counter_sum(text: &str, name: &str, filter: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l.contains(filter))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .fold(0.0, |sum, value| sum + value)
 }
 
 impl Drop for HubProcess {

@@ -2,6 +2,7 @@
 //! support code Bulkhead's end-to-end tests use. See `docs/lab.md`.
 
 pub mod agent_support;
+pub mod bench;
 pub mod federation;
 pub mod hub_support;
 pub mod lab;

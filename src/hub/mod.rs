@@ -71,6 +71,8 @@ pub struct HubOptions {
     pub webhook: bool,
     #[command(flatten)]
     pub webhook_options: crate::webhook::WebhookServerOptions,
+    #[command(flatten)]
+    pub leader_election: crate::leader::LeaderElectionOptions,
 }
 
 /// Parses `2s`, `500ms`, `1m` or a plain number of seconds.
@@ -120,6 +122,9 @@ pub struct HubState {
     /// and eviction must do nothing while `frozen`, and count grace periods from
     /// [`HubHealth::grace_start`].
     pub hub_health: Arc<ArcSwap<HubHealth>>,
+    /// Whether this replica leads (`--leader-elect`); only the leader writes. Always the
+    /// leader without leader election.
+    pub leadership: crate::leader::Leadership,
 }
 
 impl Default for HubState {
@@ -128,6 +133,7 @@ impl Default for HubState {
             registry: Registry::default(),
             board: prober::HealthBoard::default(),
             hub_health: Arc::new(ArcSwap::from_pointee(HubHealth::default())),
+            leadership: crate::leader::Leadership::always(),
         }
     }
 }
@@ -161,10 +167,27 @@ pub async fn run(options: HubOptions) -> Result<()> {
             ),
         });
     }
+    let election_timing = options.leader_election.validate()?;
     let process = Process::start("hub", &options.client, &options.serve).await?;
     let wait = Duration::from_secs(options.serve.crd_wait_seconds);
     if process.wait_for_crds(HUB_CRDS, wait).await? {
         let identity = options.identity.clone().unwrap_or_else(host_name);
+        let election = options.leader_election.leader_elect.then(|| {
+            let gap = election_timing.worst_fencing_gap(options.lease_renew_interval);
+            if gap >= options.lease_duration {
+                tracing::warn!(
+                    ?gap,
+                    fencing_lease_duration = ?options.lease_duration,
+                    "if the leader crashes, members may go up to {gap:?} without a fencing-Lease renewal and fence (read-only) until the standby takes over; lower --leader-elect-lease-duration or raise --lease-duration"
+                );
+            }
+            crate::leader::ElectionSettings {
+                namespace: options.leader_election.leader_elect_namespace.clone(),
+                lease_name: options.leader_election.leader_elect_lease_name.clone(),
+                identity: identity.clone(),
+                timing: election_timing,
+            }
+        });
         tracing::info!(
             %identity,
             lease_renew_interval = ?options.lease_renew_interval,
@@ -179,14 +202,41 @@ pub async fn run(options: HubOptions) -> Result<()> {
             )];
             crate::webhook::start(&process, &options.webhook_options, targets).await?;
         }
+        // A standby is ready too: it serves probes and metrics, and takes over at once.
+        let (leadership, election) = crate::leader::start(
+            process.client.clone(),
+            election,
+            &process.metrics,
+            hub_recorder(&process, &identity),
+            process.shutdown.clone(),
+        );
         process.readiness.set_ready();
-        run_membership(&process, &options, identity, HubState::default()).await;
+        let state = HubState {
+            leadership,
+            ..HubState::default()
+        };
+        run_membership(&process, &options, identity, state).await;
+        // Every writer has stopped: a standby may take over now.
+        election.release().await;
     }
     process.finish().await;
     Ok(())
 }
 
-/// Runs the registry, probers, zone controller and lease renewers until shutdown.
+/// The hub's Event recorder (controller `bulkhead-hub`, instance = identity).
+fn hub_recorder(process: &Process, identity: &str) -> Recorder {
+    Recorder::new(
+        process.client.clone(),
+        Reporter {
+            controller: "bulkhead-hub".to_string(),
+            instance: Some(identity.to_string()),
+        },
+    )
+}
+
+/// Runs the registry, probers and zone controller on every replica, and the lease and
+/// token renewers and the federation controller while this replica leads
+/// (`state.leadership`), until shutdown.
 pub async fn run_membership(
     process: &Process,
     options: &HubOptions,
@@ -196,13 +246,19 @@ pub async fn run_membership(
     let hub = process.client.clone();
     let shutdown = process.shutdown.clone();
     let hub_metrics = metrics::HubMetrics::register(&process.metrics);
-    let recorder = Recorder::new(
-        hub.clone(),
-        Reporter {
-            controller: "bulkhead-hub".to_string(),
-            instance: Some(identity.clone()),
-        },
-    );
+    let recorder = hub_recorder(process, &identity);
+    // How long a leader-only task gets to stop when leadership ends: within the margin
+    // between the renew deadline and the lease duration with leader election; as long as
+    // at shutdown without.
+    let stop_grace = if options.leader_election.leader_elect {
+        options
+            .leader_election
+            .validate()
+            .map(|timing| timing.stop_grace())
+            .unwrap_or(tasks::SHUTDOWN_GRACE)
+    } else {
+        2 * tasks::SHUTDOWN_GRACE
+    };
 
     let controller_recorder = recorder.clone();
     let registry_task = tokio::spawn(members::run(
@@ -219,6 +275,7 @@ pub async fn run_membership(
         recorder: recorder.clone(),
         capacity_interval: options.capacity_interval,
         cluster_ids: Arc::default(),
+        leadership: state.leadership.clone(),
     };
     let probers = tokio::spawn(tasks::per_member(
         state.registry.clone(),
@@ -227,24 +284,29 @@ pub async fn run_membership(
     ));
 
     let lease_settings = lease::LeaseSettings {
+        leadership: state.leadership.clone(),
         identity,
         renew_interval: options.lease_renew_interval,
         duration: options.lease_duration,
     };
     let lease_registry = state.registry.clone();
     let lease_metrics = hub_metrics.clone();
-    let leases = tokio::spawn(tasks::per_member(
-        state.registry.clone(),
+    let renew_lease = move |name, cancel| {
+        lease::renew_member(
+            lease_registry.clone(),
+            lease_settings.clone(),
+            lease_metrics.clone(),
+            name,
+            cancel,
+        )
+    };
+    let registry = state.registry.clone();
+    let leases = tokio::spawn(crate::leader::run_while_leader(
+        state.leadership.clone(),
         shutdown.clone(),
-        move |name, cancel| {
-            lease::renew_member(
-                lease_registry.clone(),
-                lease_settings.clone(),
-                lease_metrics.clone(),
-                name,
-                cancel,
-            )
-        },
+        stop_grace,
+        "fencing lease renewal",
+        move |cancel| tasks::per_member(registry.clone(), cancel, renew_lease.clone()),
     ));
 
     let token_context = tokens::TokenContext {
@@ -254,11 +316,17 @@ pub async fn run_membership(
         recorder: recorder.clone(),
         check_interval: options.token_check_interval,
         renew_fraction: options.token_renew_fraction,
+        leadership: state.leadership.clone(),
     };
-    let token_tasks = tokio::spawn(tasks::per_member(
-        state.registry.clone(),
+    let renew_token =
+        move |name, cancel| tokens::renew_member_token(token_context.clone(), name, cancel);
+    let registry = state.registry.clone();
+    let token_tasks = tokio::spawn(crate::leader::run_while_leader(
+        state.leadership.clone(),
         shutdown.clone(),
-        move |name, cancel| tokens::renew_member_token(token_context.clone(), name, cancel),
+        stop_grace,
+        "token renewal",
+        move |cancel| tasks::per_member(registry.clone(), cancel, renew_token.clone()),
     ));
 
     let zones_task = tokio::spawn(disruption::run(
@@ -269,19 +337,35 @@ pub async fn run_membership(
             metrics: hub_metrics,
             recorder,
             hub_health: state.hub_health.clone(),
+            leadership: state.leadership.clone(),
         },
         shutdown.clone(),
     ));
 
-    let scheduler_task = tokio::spawn(federation::run(
-        process.client.clone(),
-        state.clone(),
-        controller_recorder,
-        process.metrics.clone(),
-        federation::ControllerOptions {
-            eviction_rate: options.eviction_rate,
-        },
+    // The federation controller runs as a whole on the leader; a new term starts it cold
+    // (it writes nothing that is already right).
+    // Its hub writes also check leadership at each request (a pass still running, or a
+    // process resuming from a freeze, cannot write through it once the term is over).
+    let controller_client =
+        crate::leader::write_gated(process.client.clone(), state.leadership.clone());
+    let controller_state = state.clone();
+    let controller_metrics = process.metrics.clone();
+    let eviction_rate = options.eviction_rate;
+    let scheduler_task = tokio::spawn(crate::leader::run_while_leader(
+        state.leadership.clone(),
         shutdown.clone(),
+        stop_grace,
+        "federation controller",
+        move |cancel| {
+            federation::run(
+                controller_client.clone(),
+                controller_state.clone(),
+                controller_recorder.clone(),
+                controller_metrics.clone(),
+                federation::ControllerOptions { eviction_rate },
+                cancel,
+            )
+        },
     ));
 
     shutdown.cancelled().await;

@@ -47,7 +47,7 @@ app.kubernetes.io/part-of: bulkhead
 {{- end -}}
 
 {{- define "bulkhead.leaseName" -}}
-{{- default (printf "%s-hub" (include "bulkhead.fullname" .)) .Values.leaderElection.leaseName -}}
+{{- default (printf "%s-hub-leader" (include "bulkhead.fullname" .)) .Values.leaderElection.leaseName -}}
 {{- end -}}
 
 {{/* The webhook configurations' base name: <fullname>-validating and <fullname>-mutating. */}}

@@ -87,7 +87,7 @@ impl ControllerMetrics {
         );
         metrics.register(
             "hub_queue_depth",
-            "Templates waiting to be reconciled or being reconciled",
+            "Templates waiting to be reconciled, being reconciled, or scheduled to be reconciled later (a status waiting for its copies, a toleration expiring)",
             m.queue_depth.clone(),
         );
         metrics.register(

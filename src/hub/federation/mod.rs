@@ -192,6 +192,7 @@ pub async fn run(
     let calls = controller_metrics.member_calls.clone();
     let writers = Writers::new(
         state.registry.clone(),
+        state.leadership.clone(),
         kinds.clone(),
         completed,
         Arc::new(move |cluster: &str, verb: &str, ok: bool| {
@@ -293,7 +294,10 @@ pub async fn run(
         reports: Mutex::default(),
     });
 
-    let mut tasks = vec![];
+    // Aborted when this function returns or is dropped (a leadership term that ends).
+    let mut cache_guard = AbortOnDrop::default();
+    let cache_task = cache_guard.keep(cache_task);
+    let mut tasks = AbortOnDrop::default();
     // Hub watches -> queue. The stores follow their watches on this task whatever the
     // workers are doing.
     tasks.push(tokio::spawn(drive(
@@ -352,24 +356,45 @@ pub async fn run(
     if !shutdown.is_cancelled() {
         queue_all(&context);
         let workers: Vec<_> = (0..CONCURRENCY)
-            .map(|_| tokio::spawn(work(context.clone(), shutdown.clone())))
+            .map(|_| tasks.keep(tokio::spawn(work(context.clone(), shutdown.clone()))))
             .collect();
         for worker in workers {
             let _ = worker.await;
         }
     }
-    for task in tasks {
-        task.abort();
-    }
-    let abort = cache_task.abort_handle();
-    if tokio::time::timeout(
+    drop(tasks);
+    // The copy caches stop their member watches on shutdown: give them a moment (the
+    // guard aborts them after it).
+    let _ = tokio::time::timeout(
         2 * crate::hub::membership::tasks::SHUTDOWN_GRACE,
         cache_task,
     )
-    .await
-    .is_err()
-    {
-        abort.abort();
+    .await;
+    drop(cache_guard);
+}
+
+/// Tasks aborted when dropped: a federation controller dropped at the end of a
+/// leadership term leaves no task behind.
+#[derive(Default)]
+struct AbortOnDrop(Vec<tokio::task::AbortHandle>);
+
+impl AbortOnDrop {
+    fn push<T>(&mut self, task: tokio::task::JoinHandle<T>) {
+        self.0.push(task.abort_handle());
+    }
+
+    /// Keeps `task` to abort on drop, and hands it back to be awaited.
+    fn keep<T>(&mut self, task: tokio::task::JoinHandle<T>) -> tokio::task::JoinHandle<T> {
+        self.0.push(task.abort_handle());
+        task
+    }
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
     }
 }
 
@@ -484,14 +509,14 @@ async fn report_progress(context: Arc<Context>, shutdown: CancellationToken) {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
         }
-        let depth = context.queue.len() + context.queue.active();
+        let depth = context.queue.len() + context.queue.active() + context.queue.delayed();
         context.metrics.queue_depth.set(depth as i64);
         context
             .metrics
             .pending_writes
             .set(context.writers.pending() as i64);
         let ready = context.stores.ready();
-        drained_once |= ready && depth == 0;
+        drained_once |= ready && context.queue.len() + context.queue.active() == 0;
         let synced = drained_once
             && context.views().iter().filter(|v| v.ready).all(|v| {
                 context

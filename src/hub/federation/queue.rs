@@ -186,6 +186,11 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
         self.len() == 0
     }
 
+    /// Keys scheduled for later.
+    pub fn delayed(&self) -> usize {
+        self.lock().delayed.len()
+    }
+
     /// Keys being worked on.
     pub fn active(&self) -> usize {
         self.lock().active.len()

@@ -215,6 +215,8 @@ pub struct Writers {
 
 struct Inner {
     registry: Registry,
+    /// Every write checks it first: a deposed leader's writers write nothing more.
+    leadership: crate::leader::Leadership,
     kinds: Vec<ApiResource>,
     writers: Mutex<BTreeMap<String, Arc<MemberWriter>>>,
     completed: mpsc::UnboundedSender<Completed>,
@@ -226,6 +228,7 @@ impl Writers {
     /// Writers for the members of `registry`; finished writes are sent to `completed`.
     pub fn new(
         registry: Registry,
+        leadership: crate::leader::Leadership,
         kinds: Vec<ApiResource>,
         completed: mpsc::UnboundedSender<Completed>,
         count_call: CallCounter,
@@ -234,6 +237,7 @@ impl Writers {
         Writers {
             inner: Arc::new(Inner {
                 registry,
+                leadership,
                 kinds,
                 writers: Mutex::default(),
                 completed,
@@ -552,6 +556,13 @@ async fn execute(
     op: &CopyOp,
 ) -> (Outcome, Option<Fresh>, bool) {
     let cluster = writer.cluster.as_str();
+    if !inner.leadership.is_leader() {
+        return (
+            Outcome::Failed("this hub is not the leader; the leader writes the copies".into()),
+            None,
+            false,
+        );
+    }
     let Some((api, resource)) = member_api(inner, cluster, key) else {
         return (
             Outcome::Failed(format!("no credentials for {cluster}")),
@@ -877,6 +888,7 @@ mod tests {
         )];
         let writers = Writers::new(
             registry,
+            crate::leader::Leadership::always(),
             kinds,
             completed,
             Arc::new(|_: &str, _: &str, _: bool| {}),

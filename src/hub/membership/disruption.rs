@@ -1,6 +1,8 @@
 //! The zone controller: turns the probers' verdicts into per-zone disruption states
 //! (written to each MemberCluster's `status.zoneState`, exported as a metric, announced
 //! by Events) and into the hub's frozen state. The rules are pure, in [`crate::hub::membership::zones`].
+//! Every replica computes the states (the frozen state guards failover the moment a
+//! standby takes over); only the leader writes them and publishes Events.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -38,6 +40,8 @@ pub struct DisruptionContext {
     pub recorder: Recorder,
     /// Published for every hub controller that must not evict while the hub is cut off.
     pub hub_health: Arc<ArcSwap<HubHealth>>,
+    /// Only the leader writes.
+    pub leadership: crate::leader::Leadership,
 }
 
 fn state_name(state: ZoneState) -> &'static str {
@@ -72,7 +76,9 @@ pub async fn run(context: DisruptionContext, shutdown: CancellationToken) {
     let mut previous: Option<BTreeMap<String, ZoneState>> = None;
     let mut written: HashMap<String, (ZoneState, Option<jiff::Timestamp>)> = HashMap::new();
     let api = Api::<MemberCluster>::all(context.hub.clone());
+    let mut leadership = context.leadership.clone();
     loop {
+        let leading = leadership.is_leader();
         let snapshot = context.registry.snapshot();
         let entries = context.board.entries();
         let members: Vec<(&String, MemberZoneView)> = entries
@@ -123,7 +129,9 @@ pub async fn run(context: DisruptionContext, shutdown: CancellationToken) {
                     action: "ZoneState".to_string(),
                     secondary: None,
                 };
-                publish(&context, &snapshot, &names, &event).await;
+                if leading {
+                    publish(&context, &snapshot, &names, &event).await;
+                }
             }
         }
         if let Some(previous) = &previous {
@@ -167,12 +175,18 @@ pub async fn run(context: DisruptionContext, shutdown: CancellationToken) {
                 secondary: None,
             };
             let names: Vec<&String> = members.iter().map(|(n, _)| *n).collect();
-            publish(&context, &snapshot, &names, &event).await;
+            if leading {
+                publish(&context, &snapshot, &names, &event).await;
+            }
         }
         // The grace start goes with the zone state (one field manager, one apply that
         // always carries both), so a restarted hub counts grace periods from it too.
         let unfrozen_at = context.hub_health.load().unfrozen_at;
-        for (name, view) in &members {
+        if !leading {
+            // A standby compares with what the leader recorded when it takes over.
+            written.clear();
+        }
+        for (name, view) in members.iter().filter(|_| leading) {
             let desired = states[&view.zone];
             let status = snapshot.get(*name).and_then(|h| h.object.status.as_ref());
             let stored_grace = status
@@ -221,6 +235,7 @@ pub async fn run(context: DisruptionContext, shutdown: CancellationToken) {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             changed = board_changes.changed() => if changed.is_err() { return },
+            _ = leadership.changed() => {}
             _ = tokio::time::sleep(RESYNC) => {}
         }
     }

@@ -23,6 +23,8 @@ pub const LEASE_FIELD_MANAGER: &str = "bulkhead-hub";
 /// How the hub renews the fencing Lease.
 #[derive(Clone, Debug)]
 pub struct LeaseSettings {
+    /// Renewals are sent only while this hub leads (checked before each one).
+    pub leadership: crate::leader::Leadership,
     /// Written as `holderIdentity`.
     pub identity: String,
     /// Time between renewals; also the deadline of one renewal.
@@ -90,7 +92,10 @@ pub async fn renew_member(
         let Some(handle) = registry.get(&name) else {
             break;
         };
-        if let Some(client) = handle.control_client() {
+        if let Some(client) = handle
+            .control_client()
+            .filter(|_| settings.leadership.is_leader())
+        {
             let lease = desired_lease(&settings, acquired, jiff::Timestamp::now());
             let result = tokio::select! {
                 _ = cancel.cancelled() => break,
@@ -167,6 +172,7 @@ mod tests {
             );
         });
         let settings = LeaseSettings {
+            leadership: crate::leader::Leadership::always(),
             identity: "hub-1".into(),
             renew_interval: Duration::from_secs(2),
             duration: Duration::from_secs(10),
@@ -181,6 +187,7 @@ mod tests {
     #[test]
     fn the_lease_carries_identity_duration_and_times() {
         let settings = LeaseSettings {
+            leadership: crate::leader::Leadership::always(),
             identity: "hub-1".into(),
             renew_interval: Duration::from_secs(2),
             duration: Duration::from_secs(10),

@@ -3,6 +3,10 @@
 //! conditions, taints, version and capacity in the MemberCluster, the shared
 //! [`HealthBoard`] the zone controller reads, metrics and Events.
 //!
+//! Every hub replica probes (a standby's verdicts are warm when it takes over); only the
+//! leader writes status and taints and publishes Events. A standby follows the status the
+//! leader recorded, so on taking over it writes only what its own verdict changes.
+//!
 //! Status is written only when something a reader would notice changed (conditions,
 //! version, capacity). `lastProbeTime` alone is refreshed at most every
 //! [`PROBE_TIME_REFRESH`], so a steady member costs two status writes a minute, not one
@@ -110,6 +114,8 @@ pub struct ProberContext {
     /// Member name -> the UID of its kube-system namespace (the cluster's identity), as
     /// each prober last read it.
     pub cluster_ids: Arc<Mutex<HashMap<String, String>>>,
+    /// Only the leader writes.
+    pub leadership: crate::leader::Leadership,
 }
 
 /// The condition that says whether the hub verifies the member's TLS certificate.
@@ -268,16 +274,18 @@ pub async fn probe_member(context: ProberContext, name: String, cancel: Cancella
     let ours = |c: &Condition| {
         c.type_ == CONDITION_READY || c.type_ == "Reachable" || c.type_ == CONDITION_TLS_VERIFIED
     };
-    let mut written = HealthStatus {
-        conditions: recorded
-            .conditions
-            .iter()
-            .filter(|c| ours(c))
-            .cloned()
-            .collect(),
-        kubernetes_version: recorded.kubernetes_version.clone(),
-        capacity: recorded.capacity.clone(),
-    };
+    let recorded_health =
+        |recorded: &crate::api::member_cluster::MemberClusterStatus| HealthStatus {
+            conditions: recorded
+                .conditions
+                .iter()
+                .filter(|c| ours(c))
+                .cloned()
+                .collect(),
+            kubernetes_version: recorded.kubernetes_version.clone(),
+            capacity: recorded.capacity.clone(),
+        };
+    let mut written = recorded_health(&recorded);
     let mut last_probe_written = recorded.last_probe_time.as_ref().map(|t| t.0);
     let mut desired = written.clone();
     let mut last_inventory: Option<Instant> = None;
@@ -356,7 +364,8 @@ pub async fn probe_member(context: ProberContext, name: String, cancel: Cancella
             .member_ready
             .get_or_create(&labels)
             .set(i64::from(health.is_healthy()));
-        if changed {
+        let leading = context.leadership.is_leader();
+        if changed && leading {
             report_transition(&context, &handle, &health).await;
         }
 
@@ -374,6 +383,14 @@ pub async fn probe_member(context: ProberContext, name: String, cancel: Cancella
             }
         }
 
+        if !leading {
+            // What the leader recorded is what is written; this replica's verdict goes on
+            // top of it below, so a takeover writes only what differs.
+            let recorded = handle.object.status.clone().unwrap_or_default();
+            written = recorded_health(&recorded);
+            last_probe_written = recorded.last_probe_time.as_ref().map(|t| t.0);
+            desired.conditions = written.conditions.clone();
+        }
         for condition in conditions_for(&health, handle.object.metadata.generation) {
             set_condition(&mut desired.conditions, condition);
         }
@@ -384,7 +401,7 @@ pub async fn probe_member(context: ProberContext, name: String, cancel: Cancella
         let now = jiff::Timestamp::now();
         let refresh_due = last_probe_written
             .is_none_or(|t| now.duration_since(t).unsigned_abs() >= PROBE_TIME_REFRESH);
-        if desired != written || refresh_due {
+        if leading && (desired != written || refresh_due) {
             match write_status(&context, &handle, &desired, now).await {
                 Ok(()) => {
                     written = desired.clone();
@@ -396,7 +413,12 @@ pub async fn probe_member(context: ProberContext, name: String, cancel: Cancella
                 }
             }
         }
-        match ensure_taints(&context.hub, &handle, &health).await {
+        let taints = if leading {
+            ensure_taints(&context.hub, &handle, &health).await
+        } else {
+            Ok(())
+        };
+        match taints {
             Ok(()) => {}
             // Someone changed the MemberCluster between our read and write; the next probe
             // recomputes from the new version.

@@ -116,6 +116,8 @@ pub struct TokenContext {
     pub check_interval: Duration,
     /// Share of the lifetime after which a token is renewed.
     pub renew_fraction: f64,
+    /// Renewals and reports are written only while this hub leads.
+    pub leadership: crate::leader::Leadership,
 }
 
 /// Watches and renews one member's token until `cancel`.
@@ -138,7 +140,9 @@ pub async fn renew_member_token(context: TokenContext, name: String, cancel: Can
                 .get_or_create(&labels)
                 .set(lifetime.expires_at - now);
             let renew_at = lifetime.renew_at(context.renew_fraction);
-            let outcome = if now >= renew_at {
+            let outcome = if !context.leadership.is_leader() {
+                None
+            } else if now >= renew_at {
                 match renew(&context, &handle.object, connection, lifetime).await {
                     Ok(expires) => {
                         Some((true, format!("{RENEWED}; the new one expires at {expires}")))
