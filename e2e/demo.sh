@@ -90,7 +90,9 @@ done
 echo "the hub runs as: $("$kubectl_bin" --kubeconfig "$chart_kubeconfig" auth whoami -o jsonpath='{.status.userInfo.username}')"
 # The hub's webhook (admission and MyDatabase conversion on the hub) on the chart's
 # certificate; the lab's API server reaches it by URL (nothing routes Service IPs here).
+# With leader election as the chart runs it (its Lease and Role in the release namespace).
 start_bg bulkhead-hub "$bulkhead" hub --kubeconfig "$chart_kubeconfig" --probe-address 127.0.0.1:18080 \
+  --leader-elect --leader-elect-namespace bulkhead-system --leader-elect-lease-name bulkhead-hub-leader \
   --webhook --listen 127.0.0.1:18444 --url https://127.0.0.1:18444 --conversion \
   --tls-cert-file "$tls_dir/tls.crt" --tls-key-file "$tls_dir/tls.key" --ca-file "$tls_dir/ca.crt"
 for _ in $(seq 1 40); do
