@@ -590,7 +590,8 @@ async fn write_binding_when_due(
     {
         return Some(wait);
     }
-    if write_binding(context, key, desired, existing, built, false).await {
+    // A new template's first binding is its decision (counted as `binding`).
+    if write_binding(context, key, desired, existing, built, existing.is_none()).await {
         context.status_written(&status_key);
         None
     } else {
