@@ -1,6 +1,7 @@
 //! Bulkhead: a multi-cluster Kubernetes federation controller that never makes a network
 //! partition worse. See `docs/architecture.md` for how the pieces fit together.
 
+pub mod access;
 pub mod agent;
 pub mod api;
 pub mod cli;

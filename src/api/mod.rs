@@ -9,6 +9,7 @@ pub mod mydatabase;
 pub mod mydatabase_v1alpha1;
 pub mod propagation_policy;
 pub mod resource_binding;
+pub mod resource_interpreter;
 
 pub use condition::{
     ConditionStatus, find_condition, is_condition_true, new_condition, set_condition,
@@ -19,6 +20,7 @@ pub use propagation_policy::{
     ClusterPropagationPolicy, ClusterPropagationPolicySpec, PropagationPolicy, PropagationSpec,
 };
 pub use resource_binding::{ResourceBinding, ResourceBindingSpec, ResourceBindingStatus};
+pub use resource_interpreter::{ResourceInterpreter, ResourceInterpreterSpec};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
@@ -63,6 +65,10 @@ pub fn all_crds() -> Vec<(&'static str, CustomResourceDefinition)> {
         (
             "federation.example.com_resourcebindings.yaml",
             resource_binding_crd(),
+        ),
+        (
+            "federation.example.com_resourceinterpreters.yaml",
+            ResourceInterpreter::crd(),
         ),
     ]
 }

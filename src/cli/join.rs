@@ -8,6 +8,7 @@
 //! service account, proves the token works, and only then stores the Secret and the
 //! MemberCluster on the hub. The hub never receives the admin credentials the user passed.
 
+use crate::access::denied;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -16,9 +17,7 @@ use anyhow::{Context, Result, bail};
 use base64::Engine;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
-};
+use k8s_openapi::api::authorization::v1::ResourceAttributes;
 use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
@@ -99,6 +98,11 @@ pub struct JoinOptions {
     /// by `bulkhead get clusters` and the `TLSVerified=False` condition.
     #[arg(long)]
     pub insecure_skip_tls_verify: bool,
+    /// Another template kind the hub may write in this member, as `<resource>.<group>`
+    /// (e.g. `widgets.example.org`, `jobs.batch`; a core resource alone, e.g.
+    /// `serviceaccounts`). Repeatable; run `join` again to add kinds later.
+    #[arg(long = "federate", value_name = "RESOURCE.GROUP")]
+    pub federate: Vec<String>,
 }
 
 /// `bulkhead unjoin` options.
@@ -333,50 +337,6 @@ fn join_permissions() -> Vec<ResourceAttributes> {
     ]
 }
 
-/// The attributes that are denied, or an error when access reviews cannot be made.
-async fn denied(client: &Client, wanted: Vec<ResourceAttributes>) -> Result<Vec<String>> {
-    let api = Api::<SelfSubjectAccessReview>::all(client.clone());
-    let mut denied = vec![];
-    for attributes in wanted {
-        let what = format!(
-            "{} {}{}{}{}",
-            attributes.verb.as_deref().unwrap_or_default(),
-            attributes.resource.as_deref().unwrap_or_default(),
-            attributes
-                .subresource
-                .as_deref()
-                .map(|s| format!("/{s}"))
-                .unwrap_or_default(),
-            attributes
-                .group
-                .as_deref()
-                .filter(|g| !g.is_empty())
-                .map(|g| format!(".{g}"))
-                .unwrap_or_default(),
-            attributes
-                .namespace
-                .as_deref()
-                .map(|n| format!(" in {n}"))
-                .unwrap_or_default(),
-        );
-        let review = SelfSubjectAccessReview {
-            spec: SelfSubjectAccessReviewSpec {
-                resource_attributes: Some(attributes),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        let answer = api
-            .create(&PostParams::default(), &review)
-            .await
-            .context("creating a SelfSubjectAccessReview (are the credentials valid?)")?;
-        if !answer.status.is_some_and(|s| s.allowed) {
-            denied.push(what);
-        }
-    }
-    Ok(denied)
-}
-
 fn managed_labels() -> BTreeMap<String, String> {
     BTreeMap::from([(LABEL_MANAGED_BY.to_string(), "bulkhead".to_string())])
 }
@@ -428,6 +388,36 @@ pub fn hub_cluster_role() -> ClusterRole {
         ]),
         ..Default::default()
     }
+}
+
+/// Reads `<resource>.<group>` (or a core `<resource>`) as given to `--federate`.
+pub fn federated_resource(text: &str) -> Result<(String, String)> {
+    let (resource, group) = text.split_once('.').unwrap_or((text, ""));
+    let label = |s: &str| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+            && !s.starts_with(['-', '.'])
+            && !s.ends_with(['-', '.'])
+    };
+    if !label(resource) || !(group.is_empty() || label(group)) || text.ends_with('.') {
+        bail!(
+            "--federate {text}: give the resource (plural, lower case) and its group, e.g. `widgets.example.org` or `jobs.batch`"
+        );
+    }
+    Ok((resource.to_string(), group.to_string()))
+}
+
+/// [`hub_cluster_role`] plus the kinds of `--federate`.
+pub fn hub_cluster_role_with(federate: &[String]) -> Result<ClusterRole> {
+    const COPIES: &[&str] = &["get", "list", "watch", "create", "patch", "delete"];
+    let mut role = hub_cluster_role();
+    let rules = role.rules.get_or_insert_with(Vec::new);
+    for text in federate {
+        let (resource, group) = federated_resource(text)?;
+        rules.push(rule(&[group.as_str()], &[resource.as_str()], COPIES));
+    }
+    Ok(role)
 }
 
 /// The hub's permissions inside `bulkhead-system`: renewing the fencing Lease (applied:
@@ -537,7 +527,7 @@ async fn install_agent(member: &Client, image: &str) -> Result<()> {
 }
 
 /// Installs the namespace, service account, RBAC and CRDs in the member.
-async fn install_in_member(member: &Client) -> Result<()> {
+async fn install_in_member(member: &Client, federate: &[String]) -> Result<()> {
     // A namespace left terminating by a recent unjoin refuses new content: wait it out.
     let namespaces = Api::<Namespace>::all(member.clone());
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
@@ -574,7 +564,7 @@ async fn install_in_member(member: &Client) -> Result<()> {
     apply(
         &Api::<ClusterRole>::all(member.clone()),
         HUB_ACCOUNT,
-        &hub_cluster_role(),
+        &hub_cluster_role_with(federate)?,
     )
     .await?;
     apply(
@@ -686,6 +676,8 @@ async fn verify_hub_kubeconfig(text: &str) -> Result<()> {
 
 /// Runs `bulkhead join`.
 pub async fn join(options: &JoinOptions) -> Result<()> {
+    // A wrong --federate is refused before anything is changed.
+    hub_cluster_role_with(&options.federate)?;
     let name = &options.name;
     let endpoint = member_endpoint(&options.kubeconfig, options.context.as_deref())?;
     if endpoint.insecure_skip_tls_verify && !options.insecure_skip_tls_verify {
@@ -767,9 +759,11 @@ pub async fn join(options: &JoinOptions) -> Result<()> {
             "a new member"
         }
     );
-    install_in_member(&member).await.with_context(|| {
-        format!("installing the hub's access in member {name}; nothing was changed on the hub")
-    })?;
+    install_in_member(&member, &options.federate)
+        .await
+        .with_context(|| {
+            format!("installing the hub's access in member {name}; nothing was changed on the hub")
+        })?;
     if options.install_agent {
         install_agent(&member, &options.agent_image)
             .await
@@ -1032,6 +1026,27 @@ mod tests {
         assert_eq!(lease.metadata.namespace.as_deref(), Some(SYSTEM_NAMESPACE));
         let lease_rules = lease.rules.unwrap();
         assert_eq!(lease_rules[0].resources.as_ref().unwrap(), &["leases"]);
+    }
+
+    #[test]
+    fn more_kinds_for_the_hub_are_named_by_resource_and_group() {
+        let role = hub_cluster_role_with(&["widgets.example.org".into(), "serviceaccounts".into()])
+            .unwrap();
+        let rules = role.rules.unwrap();
+        let widgets = &rules[rules.len() - 2];
+        assert_eq!(widgets.api_groups.as_deref().unwrap(), ["example.org"]);
+        assert_eq!(widgets.resources.as_deref().unwrap(), ["widgets"]);
+        assert!(
+            widgets.verbs.contains(&"patch".to_string())
+                && !widgets.verbs.contains(&"*".to_string())
+        );
+        assert_eq!(rules[rules.len() - 1].api_groups.as_deref().unwrap(), [""]);
+        for bad in ["Widgets.example.org", "*", "", "widgets.", ".x", "a b"] {
+            let error = hub_cluster_role_with(&[bad.to_string()])
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains("--federate"), "{bad}: {error}");
+        }
     }
 
     #[test]

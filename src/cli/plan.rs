@@ -15,8 +15,9 @@ use crate::api::propagation_policy::Placement;
 use crate::api::propagation_policy::StatefulFailover;
 use crate::api::resource_binding::TargetCluster;
 use crate::api::{ClusterPropagationPolicy, MemberCluster, PropagationPolicy};
+use crate::hub::federation::interpreter::Interpreters;
 use crate::hub::federation::kinds::{
-    cluster_view, failed, hub_cluster_view, is_divisible, is_stateful, placement_tolerations,
+    cluster_view, failed, hub_cluster_view, placement_tolerations,
 };
 use crate::hub::federation::matching::{
     PolicyCandidate, PolicyScope, SelectorStrength, TemplateRef, choose_policy,
@@ -48,6 +49,8 @@ pub struct PlanInputs {
     pub cluster_policies: Vec<ClusterPropagationPolicy>,
     pub clusters: Vec<MemberCluster>,
     pub templates: Vec<Value>,
+    /// `ResourceInterpreter`s: how kinds other than the built-in ones are read.
+    pub interpreters: Vec<crate::api::ResourceInterpreter>,
 }
 
 /// Sorts YAML documents into policies, clusters and templates.
@@ -78,6 +81,9 @@ pub fn parse_documents(text: &str, source: &str) -> anyhow::Result<PlanInputs> {
                 .push(serde_json::from_value(value.clone()).with_context(what)?),
             ("federation.example.com/v1alpha1", "MemberCluster") => inputs
                 .clusters
+                .push(serde_json::from_value(value.clone()).with_context(what)?),
+            ("federation.example.com/v1alpha1", "ResourceInterpreter") => inputs
+                .interpreters
                 .push(serde_json::from_value(value.clone()).with_context(what)?),
             ("federation.example.com/v1alpha1", "ResourceBinding") | ("v1", "Secret") => {}
             (api_version, _) if api_version.is_empty() || kind.is_empty() => {
@@ -129,6 +135,14 @@ pub fn plan(
         spec: &p.spec.policy,
     }));
 
+    let (interpreters, _) = Interpreters::with_resources(
+        &inputs
+            .interpreters
+            .iter()
+            .cloned()
+            .map(std::sync::Arc::new)
+            .collect::<Vec<_>>(),
+    );
     inputs
         .templates
         .iter()
@@ -139,9 +153,11 @@ pub fn plan(
             let name = template["metadata"]["name"].as_str().unwrap_or_default();
             let labels: BTreeMap<String, String> =
                 serde_json::from_value(template["metadata"]["labels"].clone()).unwrap_or_default();
-            let divisible = is_divisible(api_version, kind);
-            let replicas = if divisible { template["spec"]["replicas"].as_i64().unwrap_or(1) as i32 } else { 1 };
-            let title = format!("{kind} {namespace}/{name} ({replicas} replicas)");
+            let interpretation = interpreters.get(api_version, kind);
+            let divisible = interpretation.divisible();
+            let stateful = interpretation.stateful;
+            let replicas = interpretation.replicas_of(template).unwrap_or(1);
+            let title = format!("{kind} {namespace}/{name} ({replicas} replicas; interpreter: {})", interpretation.source);
             let reference = TemplateRef { api_version, kind, namespace, name, labels: &labels };
             let Some((policy, strength)) = choose_policy(&reference, &candidates) else {
                 return TemplatePlan { title, policy: None, result: None, failures: vec![] };
@@ -149,14 +165,14 @@ pub fn plan(
             let uid = template["metadata"]["uid"].as_str().map(str::to_string).unwrap_or_else(|| format!("{namespace}/{name}"));
             // The hub's tolerations: the policy's plus failover's (stateful kinds never move).
             let placement = Placement {
-                cluster_tolerations: placement_tolerations(policy.spec, is_stateful(api_version, kind), false),
+                cluster_tolerations: placement_tolerations(policy.spec, stateful, false),
                 ..policy.spec.placement.clone()
             };
             let request = PlacementRequest {
                 placement: &placement,
                 replicas,
                 divisible,
-                stateful: is_stateful(api_version, kind),
+                stateful,
                 uid: &uid,
                 clusters: views,
                 current: &[],
@@ -178,7 +194,7 @@ pub fn plan(
                     if !views.iter().any(hit) {
                         return (target.clone(), result.targets.clone(), format!("no cluster or zone is named {target}"));
                     }
-                    if is_stateful(api_version, kind) {
+                    if stateful {
                         let fenced: Vec<&str> = result.targets.iter().filter(|t| views.iter().any(|v| v.name == t.name && hit(v))).map(|t| t.name.as_str()).collect();
                         let note = match (policy.spec.failover.stateful, fenced.is_empty()) {
                             (_, true) => "no replica is affected".to_string(),

@@ -29,6 +29,7 @@ pub const HUB_CRDS: &[&str] = &[
     "propagationpolicies.federation.example.com",
     "clusterpropagationpolicies.federation.example.com",
     "resourcebindings.federation.example.com",
+    "resourceinterpreters.federation.example.com",
     "mydatabases.example.com",
 ];
 
@@ -349,7 +350,8 @@ pub async fn run_membership(
     let controller_client =
         crate::leader::write_gated(process.client.clone(), state.leadership.clone());
     let controller_state = state.clone();
-    let controller_metrics = process.metrics.clone();
+    // Registered once: the controller restarts with each leadership term.
+    let controller_metrics = federation::register_metrics(&process.metrics);
     let eviction_rate = options.eviction_rate;
     let scheduler_task = tokio::spawn(crate::leader::run_while_leader(
         state.leadership.clone(),

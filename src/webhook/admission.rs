@@ -173,6 +173,15 @@ pub fn review(
                     Err(problems)
                 }
             }),
+        (Hook::Validate, "ResourceInterpreter") => {
+            typed::<crate::api::ResourceInterpreter>(&object, &described)
+                .map_err(|e| vec![e])
+                .and_then(|interpreter| {
+                    crate::hub::federation::interpreter::admit(&interpreter.spec)
+                        .map(|()| vec![])
+                        .map_err(|e| vec![format!("{described}: {e}")])
+                })
+        }
         (Hook::Validate, "StatefulSet") => {
             typed::<k8s_openapi::api::apps::v1::StatefulSet>(&object, &described)
                 .map_err(|e| vec![e])

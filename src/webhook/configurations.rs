@@ -145,7 +145,11 @@ fn validating_hooks(role: ClusterRole) -> Vec<Hook> {
                 rules: vec![rule(
                     "federation.example.com",
                     "v1alpha1",
-                    &["clusterpropagationpolicies", "memberclusters"],
+                    &[
+                        "clusterpropagationpolicies",
+                        "memberclusters",
+                        "resourceinterpreters",
+                    ],
                     &["CREATE", "UPDATE"],
                 )],
                 failure_policy: "Fail",

@@ -33,6 +33,8 @@ pub struct CopyObservation {
     /// The kind reports ready replicas (Deployment, StatefulSet, MyDatabase); a copy of
     /// another kind (ConfigMap, Service, ...) is healthy once it is there and applied.
     pub reports_readiness: bool,
+    /// For a kind whose health is a condition: whether the copy's condition says healthy.
+    pub condition_healthy: Option<bool>,
 }
 
 fn int(status: &Option<Value>, field: &str) -> i32 {
@@ -95,7 +97,7 @@ pub fn placement_health(observation: &CopyObservation) -> PlacementHealth {
     if !observation.reachable || !observation.present {
         PlacementHealth::Unknown
     } else if !observation.reports_readiness {
-        if observation.applied {
+        if observation.applied && observation.condition_healthy != Some(false) {
             PlacementHealth::Healthy
         } else {
             PlacementHealth::Unhealthy
@@ -523,6 +525,7 @@ mod tests {
             message: None,
             present: true,
             reports_readiness: true,
+            condition_healthy: None,
         }
     }
 

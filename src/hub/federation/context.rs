@@ -17,7 +17,8 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 
 use crate::api::{ClusterPropagationPolicy, MemberCluster, PropagationPolicy, ResourceBinding};
 use crate::hub::HubState;
-use crate::hub::federation::copy_cache::CopyCaches;
+use crate::hub::federation::copy_cache::{CopyCaches, Kinds};
+use crate::hub::federation::interpreter::Interpretation;
 use crate::hub::federation::kinds::{hub_cluster_view, is_refused_duplicate};
 use crate::hub::federation::matching::{PolicyCandidate, PolicyScope};
 use crate::hub::federation::placement::ClusterView;
@@ -49,19 +50,19 @@ pub(super) struct ClusterLabel {
 }
 
 #[derive(Clone)]
-pub(super) struct ControllerMetrics {
-    pub reconcile_duration: Histogram,
-    pub reconciles: Counter,
-    pub hub_writes: Family<WriteLabels, Counter>,
-    pub member_calls: Family<CallLabels, Counter>,
-    pub propagation_latency: Histogram,
-    pub bindings: Family<ConditionLabels, Gauge>,
-    pub evictions: Family<ClusterLabel, Counter>,
-    pub fenced: Gauge,
-    pub failover_ready: Histogram,
-    pub synced: Gauge,
-    pub queue_depth: Gauge,
-    pub pending_writes: Gauge,
+pub struct ControllerMetrics {
+    pub(super) reconcile_duration: Histogram,
+    pub(super) reconciles: Counter,
+    pub(super) hub_writes: Family<WriteLabels, Counter>,
+    pub(super) member_calls: Family<CallLabels, Counter>,
+    pub(super) propagation_latency: Histogram,
+    pub(super) bindings: Family<ConditionLabels, Gauge>,
+    pub(super) evictions: Family<ClusterLabel, Counter>,
+    pub(super) fenced: Gauge,
+    pub(super) failover_ready: Histogram,
+    pub(super) synced: Gauge,
+    pub(super) queue_depth: Gauge,
+    pub(super) pending_writes: Gauge,
 }
 
 impl ControllerMetrics {
@@ -228,7 +229,8 @@ pub(super) struct Context {
     pub writers: Writers,
     pub recorder: Recorder,
     pub metrics: ControllerMetrics,
-    pub kinds: Vec<ApiResource>,
+    /// The template kinds and how each is read, by kind index.
+    pub kinds: Kinds,
     pub stores: Stores,
     pub bodies: Bodies,
     pub queue: WorkQueue<ObjectKey>,
@@ -321,11 +323,11 @@ impl Bodies {
 
 /// Reduces a template to what the hub's store keeps, and moves its body into `bodies`:
 /// no managed fields, no kubectl last-applied copy of the whole object, and of the data
-/// only `spec.replicas` and `status`. A LIST returns built-in objects without
+/// only the replica field (at the kind's own path) and `status`. A LIST returns built-in objects without
 /// apiVersion/kind (only watch events carry them): they are set here.
 pub(super) fn slim_template(
     object: &mut DynamicObject,
-    resource: &ApiResource,
+    (resource, interpretation): &(ApiResource, Arc<Interpretation>),
     kind: usize,
     bodies: &Bodies,
 ) {
@@ -339,16 +341,18 @@ pub(super) fn slim_template(
         .remove("kubectl.kubernetes.io/last-applied-configuration");
     let mut data = std::mem::take(&mut object.data);
     let mut kept = serde_json::Map::new();
-    if let Some(map) = data.as_object_mut() {
-        if let Some(status) = map.remove("status") {
-            kept.insert("status".into(), status);
-        }
-        if let Some(replicas) = map.get("spec").and_then(|s| s.get("replicas")) {
-            kept.insert(
-                "spec".into(),
-                serde_json::json!({"replicas": replicas.clone()}),
-            );
-        }
+    if let Some(status) = data.as_object_mut().and_then(|map| map.remove("status")) {
+        kept.insert("status".into(), status);
+    }
+    if let Some(path) = &interpretation.replicas
+        && let Some(replicas) = path.get(&data)
+    {
+        let mut kept_value = serde_json::Value::Object(kept);
+        path.set(&mut kept_value, replicas.clone());
+        kept = match kept_value {
+            serde_json::Value::Object(map) => map,
+            _ => serde_json::Map::new(),
+        };
     }
     let key = ObjectKey {
         kind,
@@ -362,6 +366,15 @@ pub(super) fn slim_template(
 /// The whole template as JSON: the store's slim object with its body put back.
 pub(super) fn full_template(object: &DynamicObject, body: Option<&str>) -> serde_json::Value {
     let mut value = serde_json::to_value(object).unwrap_or_default();
+    if let Some(map) = value.as_object_mut() {
+        // The replica field kept in the store is in the body too, where it belongs.
+        map.retain(|field, _| {
+            matches!(
+                field.as_str(),
+                "apiVersion" | "kind" | "metadata" | "status"
+            )
+        });
+    }
     let body: serde_json::Value = body
         .and_then(|text| serde_json::from_str(text).ok())
         .unwrap_or_default();
@@ -374,16 +387,27 @@ pub(super) fn full_template(object: &DynamicObject, body: Option<&str>) -> serde
 }
 
 impl Context {
+    /// How the kind of `key` is read.
+    pub fn interpretation(&self, key: &ObjectKey) -> Arc<Interpretation> {
+        self.kinds
+            .get(key.kind)
+            .map(|(_, interpretation)| interpretation.clone())
+            .unwrap_or_else(|| Arc::new(Interpretation::default_for("", "")))
+    }
+
     /// The template of `key`, as fresh as the hub knows it.
     pub fn template(&self, key: &ObjectKey) -> Option<Arc<DynamicObject>> {
-        let resource = self.kinds.get(key.kind)?;
+        let (resource, _) = self.kinds.get(key.kind)?;
         let seen = self.stores.templates[key.kind]
             .get(&ObjectRef::new_with(&key.name, resource.clone()).within(&key.namespace));
         fresher(&self.written_templates, key, seen)
     }
 
     pub fn remember_template(&self, key: &ObjectKey, mut written: DynamicObject) {
-        slim_template(&mut written, &self.kinds[key.kind], key.kind, &self.bodies);
+        let Some(kind) = self.kinds.get(key.kind) else {
+            return;
+        };
+        slim_template(&mut written, kind, key.kind, &self.bodies);
         self.written_templates
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -630,7 +654,11 @@ mod tests {
 
     #[test]
     fn a_slim_template_gets_its_body_back_whole() {
-        let resource = ApiResource::erase::<k8s_openapi::api::apps::v1::Deployment>(&());
+        let resource = (
+            ApiResource::erase::<k8s_openapi::api::apps::v1::Deployment>(&()),
+            crate::hub::federation::interpreter::Interpreters::built_in()
+                .get("apps/v1", "Deployment"),
+        );
         let original: DynamicObject = serde_json::from_value(serde_json::json!({
             "apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": "web", "namespace": "shop", "uid": "u",

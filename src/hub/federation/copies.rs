@@ -6,7 +6,7 @@ use serde_json::{Map, Value};
 
 use crate::api::propagation_policy::ConflictResolution;
 use crate::api::{ANNOTATION_APPLIED_HASH, LABEL_BINDING, LABEL_MANAGED_BY};
-use crate::hub::federation::kinds::is_divisible;
+use crate::hub::federation::interpreter::Interpretation;
 
 /// Value of the managed-by label on every copy.
 pub const MANAGED_BY: &str = "bulkhead";
@@ -43,11 +43,16 @@ pub fn binding_annotation(namespace: &str, name: &str) -> String {
 /// The object the hub applies to a member: the template without server-owned metadata,
 /// status or hub finalizers, with the managed-by and binding labels (and the binding
 /// annotation with the template's full name), and `spec.replicas` set to the cluster's
-/// share for divided kinds. Member-allocated fields are left to the member (a Service's
-/// addresses, except `clusterIP: None`, which makes it headless); a StatefulSet copy
-/// always retains its volume claims (a copy removed by a placement change must keep its
-/// data).
-pub fn member_copy(template: &Value, binding: &str, replicas: Option<i32>) -> Value {
+/// share for divided kinds (at the kind's replica path). The fields the kind's
+/// interpretation gives to the member are left to it (a Service's addresses, except
+/// `clusterIP: None`, which makes it headless); a StatefulSet copy always retains its
+/// volume claims (a copy removed by a placement change must keep its data).
+pub fn member_copy(
+    template: &Value,
+    binding: &str,
+    replicas: Option<i32>,
+    interpretation: &Interpretation,
+) -> Value {
     let mut copy = Map::new();
     copy.insert("apiVersion".into(), template["apiVersion"].clone());
     copy.insert("kind".into(), template["kind"].clone());
@@ -93,28 +98,16 @@ pub fn member_copy(template: &Value, binding: &str, replicas: Option<i32>) -> Va
             copy.insert(key.clone(), value.clone());
         }
     }
-    let api_version = template["apiVersion"].as_str().unwrap_or_default();
-    let kind = template["kind"].as_str().unwrap_or_default();
-    if (api_version, kind) == ("v1", "Service")
-        && let Some(spec) = copy.get_mut("spec").and_then(Value::as_object_mut)
-    {
-        // Allocated by the hub's API server from the hub's range: each member allocates
-        // its own (sending the hub's would be refused or collide). `None` is not an
-        // address but the headless choice, and it must survive.
-        let headless = spec.get("clusterIP").and_then(Value::as_str) == Some("None");
-        for field in ["clusterIP", "clusterIPs", "healthCheckNodePort"] {
-            spec.remove(field);
-        }
-        if headless {
-            spec.insert("clusterIP".into(), Value::String("None".into()));
-        }
-        if let Some(ports) = spec.get_mut("ports").and_then(Value::as_array_mut) {
-            for port in ports.iter_mut().filter_map(Value::as_object_mut) {
-                port.remove("nodePort");
-            }
-        }
+    let headless = interpretation.quirks.keeps_headless
+        && template["spec"]["clusterIP"].as_str() == Some("None");
+    let mut copy = Value::Object(copy);
+    interpretation.strip_member_owned(&mut copy);
+    if headless {
+        // Allocated by the hub's API server from the hub's range, each member allocates
+        // its own address; `None` is not an address but the headless choice.
+        copy["spec"]["clusterIP"] = Value::String("None".into());
     }
-    if (api_version, kind) == ("apps/v1", "StatefulSet")
+    if interpretation.quirks.retains_claims
         && let Some(spec) = copy.get_mut("spec").and_then(Value::as_object_mut)
     {
         spec.insert(
@@ -123,12 +116,10 @@ pub fn member_copy(template: &Value, binding: &str, replicas: Option<i32>) -> Va
         );
     }
     if let Some(replicas) = replicas
-        && is_divisible(api_version, kind)
-        && let Some(spec) = copy.get_mut("spec").and_then(Value::as_object_mut)
+        && let Some(path) = &interpretation.replicas
     {
-        spec.insert("replicas".into(), Value::from(replicas));
+        path.set(&mut copy, Value::from(replicas));
     }
-    let mut copy = Value::Object(copy);
     let hash = applied_hash(&copy);
     if let Some(annotations) = copy["metadata"]["annotations"].as_object_mut() {
         annotations.insert(ANNOTATION_APPLIED_HASH.into(), Value::String(hash));
@@ -203,6 +194,15 @@ pub fn already_matches(desired: &Value, existing: &Value) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The copy with the built-in interpretation of the template's kind.
+    fn copy_of(template: &Value, binding: &str, replicas: Option<i32>) -> Value {
+        let interpretation = crate::hub::federation::interpreter::Interpreters::built_in().get(
+            template["apiVersion"].as_str().unwrap_or_default(),
+            template["kind"].as_str().unwrap_or_default(),
+        );
+        crate::hub::federation::copies::member_copy(template, binding, replicas, &interpretation)
+    }
     use serde_json::json;
 
     fn template() -> Value {
@@ -221,7 +221,7 @@ mod tests {
 
     #[test]
     fn copies_carry_what_the_hub_owns_and_nothing_server_side() {
-        let copy = member_copy(&template(), "shop.web", Some(4));
+        let copy = copy_of(&template(), "shop.web", Some(4));
         assert_eq!(copy["spec"]["replicas"], 4);
         assert_eq!(copy["metadata"]["labels"]["app"], "web");
         assert_eq!(copy["metadata"]["labels"][LABEL_MANAGED_BY], MANAGED_BY);
@@ -233,12 +233,12 @@ mod tests {
         );
         // The hash covers the body: another share of replicas is another hash, the same
         // template the same one.
-        let other = member_copy(&template(), "shop.web", Some(2));
+        let other = copy_of(&template(), "shop.web", Some(2));
         assert_ne!(
             other["metadata"]["annotations"][ANNOTATION_APPLIED_HASH],
             hash
         );
-        let again = member_copy(&template(), "shop.web", Some(4));
+        let again = copy_of(&template(), "shop.web", Some(4));
         assert_eq!(
             again["metadata"]["annotations"][ANNOTATION_APPLIED_HASH],
             hash
@@ -263,7 +263,7 @@ mod tests {
         assert_ne!(label, binding_label(&namespace, "other"));
         assert_eq!(label, binding_label(&namespace, &name), "stable");
         let template = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": namespace}});
-        let copy = member_copy(&template, &label, None);
+        let copy = copy_of(&template, &label, None);
         assert_eq!(copy["metadata"]["labels"][LABEL_BINDING], label.as_str());
         assert_eq!(
             copy["metadata"]["annotations"][LABEL_BINDING],
@@ -275,7 +275,7 @@ mod tests {
     fn headless_services_stay_headless() {
         let service = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "db", "namespace": "shop"},
             "spec": {"clusterIP": "None", "clusterIPs": ["None"], "ports": [{"port": 5432}], "selector": {"app": "db"}}});
-        let copy = member_copy(&service, "x", None);
+        let copy = copy_of(&service, "x", None);
         assert_eq!(copy["spec"]["clusterIP"], "None");
         assert!(copy["spec"].get("clusterIPs").is_none());
     }
@@ -285,7 +285,7 @@ mod tests {
         let statefulset = json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "pg", "namespace": "shop"},
             "spec": {"replicas": 3, "serviceName": "pg",
                      "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Delete", "whenScaled": "Delete"}}});
-        let copy = member_copy(&statefulset, "x", Some(1));
+        let copy = copy_of(&statefulset, "x", Some(1));
         assert_eq!(
             copy["spec"]["persistentVolumeClaimRetentionPolicy"],
             json!({"whenDeleted": "Retain", "whenScaled": "Retain"})
@@ -296,7 +296,7 @@ mod tests {
     #[test]
     fn duplicated_kinds_keep_their_spec() {
         let config = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "n"}, "data": {"k": "v"}});
-        let copy = member_copy(&config, "n.c", Some(2));
+        let copy = copy_of(&config, "n.c", Some(2));
         assert_eq!(copy["data"]["k"], "v");
         assert!(copy.get("spec").is_none());
     }
@@ -306,7 +306,7 @@ mod tests {
         let service = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "shop"},
             "spec": {"clusterIP": "10.0.0.12", "clusterIPs": ["10.0.0.12"], "type": "NodePort",
                      "ports": [{"port": 80, "nodePort": 30080}], "selector": {"app": "web"}}});
-        let copy = member_copy(&service, "shop.web", None);
+        let copy = copy_of(&service, "shop.web", None);
         assert!(
             copy["spec"].get("clusterIP").is_none() && copy["spec"].get("clusterIPs").is_none()
         );
@@ -317,7 +317,7 @@ mod tests {
 
     #[test]
     fn foreign_objects_are_conflicts_unless_overwrite() {
-        let ours = member_copy(&template(), "shop.web", Some(1));
+        let ours = copy_of(&template(), "shop.web", Some(1));
         let theirs = json!({"kind": "Deployment", "metadata": {"name": "web", "namespace": "shop", "labels": {"app": "web"}}});
         assert_eq!(
             ownership(None, ConflictResolution::Abort, "east"),
@@ -342,7 +342,7 @@ mod tests {
 
     #[test]
     fn an_unchanged_copy_needs_no_write() {
-        let desired = member_copy(&template(), "shop.web", Some(4));
+        let desired = copy_of(&template(), "shop.web", Some(4));
         let mut existing = desired.clone();
         existing["metadata"]["uid"] = json!("member-uid");
         existing["spec"]["progressDeadlineSeconds"] = json!(600);

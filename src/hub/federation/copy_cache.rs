@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::LABEL_MANAGED_BY;
 use crate::hub::federation::copies::MANAGED_BY;
+use crate::hub::federation::interpreter::Interpretation;
 use crate::hub::membership::health::{FailureKind, Health};
 use crate::hub::membership::prober::HealthBoard;
 use crate::hub::{Registry, tasks};
@@ -114,12 +115,15 @@ impl CopyCaches {
     }
 }
 
+/// The template kinds, with how each is read (by kind index).
+pub type Kinds = Arc<[(ApiResource, Arc<Interpretation>)]>;
+
 /// Watches every member's copies of `kinds` until shutdown.
 pub async fn run(
     caches: CopyCaches,
     registry: Registry,
     board: HealthBoard,
-    kinds: Vec<ApiResource>,
+    kinds: Kinds,
     shutdown: CancellationToken,
 ) {
     let inner = registry.clone();
@@ -166,7 +170,7 @@ async fn watch_member(
     caches: CopyCaches,
     registry: Registry,
     board: HealthBoard,
-    kinds: Vec<ApiResource>,
+    kinds: Kinds,
     name: String,
     cancel: CancellationToken,
 ) {
@@ -243,16 +247,12 @@ pub fn managed_selector() -> String {
 
 type CopyEvents = stream::SelectAll<futures::stream::BoxStream<'static, Option<CopyEvent>>>;
 
-fn start_watches(
-    client: &Client,
-    kinds: &[ApiResource],
-    cluster: &str,
-) -> (ClusterCopies, CopyEvents) {
+fn start_watches(client: &Client, kinds: &Kinds, cluster: &str) -> (ClusterCopies, CopyEvents) {
     let mut stores = vec![];
     let mut streams = vec![];
-    for (kind, resource) in kinds.iter().enumerate() {
+    for (kind, (resource, interpretation)) in kinds.iter().enumerate() {
         let cluster = cluster.to_string();
-        let whole_status = resource.group == "example.com";
+        let interpretation = interpretation.clone();
         let writer = reflector::store::Writer::<DynamicObject>::new(resource.clone());
         stores.push((resource.clone(), writer.as_reader()));
         let api = Api::<DynamicObject>::all_with(client.clone(), resource);
@@ -261,7 +261,7 @@ fn start_watches(
             reflector(
                 writer,
                 watcher(api, config)
-                    .modify(move |o: &mut DynamicObject| slim_copy(o, whole_status)),
+                    .modify(move |o: &mut DynamicObject| slim_copy(o, &interpretation)),
             )
             .default_backoff()
             .map(move |event| copy_event(&cluster, kind, event))
@@ -270,16 +270,6 @@ fn start_watches(
     }
     (ClusterCopies { stores }, stream::select_all(streams))
 }
-
-/// Status fields of a copy the hub sums (Deployment, StatefulSet); a MyDatabase copy
-/// keeps its whole status (phase, conditions, per-cluster details).
-const STATUS_SUMMARY: [&str; 5] = [
-    "replicas",
-    "readyReplicas",
-    "availableReplicas",
-    "updatedReplicas",
-    "observedGeneration",
-];
 
 /// Metadata the hub reads on its copies.
 const COPY_ANNOTATIONS: [&str; 3] = [
@@ -290,9 +280,11 @@ const COPY_ANNOTATIONS: [&str; 3] = [
 
 /// Reduces a member copy to what the hub decides on: identity, version, generation,
 /// deletion, its own labels and annotations (the applied-hash says whether the copy holds
-/// what the hub would apply), `spec.replicas`, and the status summary. A cache of
-/// summaries is a fraction of a cache of copies.
-pub fn slim_copy(object: &mut DynamicObject, whole_status: bool) {
+/// what the hub would apply), its replicas and its status summary, both normalized (at
+/// `spec.replicas`, and under the Deployment names of the summed status fields, whatever
+/// the kind calls them; a MyDatabase keeps its whole status). A cache of summaries is a
+/// fraction of a cache of copies.
+pub fn slim_copy(object: &mut DynamicObject, interpretation: &Interpretation) {
     let metadata = &mut object.metadata;
     metadata.managed_fields = None;
     metadata.owner_references = None;
@@ -306,24 +298,23 @@ pub fn slim_copy(object: &mut DynamicObject, whole_status: bool) {
         annotations.retain(|key, _| COPY_ANNOTATIONS.contains(&key.as_str()));
     }
     let mut data = serde_json::Map::new();
-    if let Some(replicas) = object.data["spec"].get("replicas") {
+    if let Some(replicas) = interpretation
+        .replicas
+        .as_ref()
+        .and_then(|path| path.get(&object.data))
+    {
         data.insert(
             "spec".into(),
             serde_json::json!({"replicas": replicas.clone()}),
         );
     }
-    match object.data.get_mut("status").map(serde_json::Value::take) {
-        Some(status) if whole_status => {
+    if interpretation.quirks.database_status {
+        if let Some(status) = object.data.get_mut("status").map(serde_json::Value::take) {
             data.insert("status".into(), status);
         }
-        Some(serde_json::Value::Object(status)) => {
-            let summary: serde_json::Map<String, serde_json::Value> = status
-                .into_iter()
-                .filter(|(key, _)| STATUS_SUMMARY.contains(&key.as_str()))
-                .collect();
-            data.insert("status".into(), serde_json::Value::Object(summary));
-        }
-        _ => {}
+    } else if object.data.get("status").is_some_and(|s| !s.is_null()) {
+        let summary = interpretation.normalized_status(&object.data);
+        data.insert("status".into(), serde_json::Value::Object(summary));
     }
     object.data = serde_json::Value::Object(data);
 }
@@ -372,8 +363,9 @@ mod tests {
 
     #[test]
     fn a_slim_copy_keeps_what_decisions_read() {
+        let interpreters = crate::hub::federation::interpreter::Interpreters::built_in();
         let mut slim = copy();
-        slim_copy(&mut slim, false);
+        slim_copy(&mut slim, &interpreters.get("apps/v1", "Deployment"));
         assert_eq!(slim.metadata.uid.as_deref(), Some("u"));
         assert_eq!(slim.metadata.resource_version.as_deref(), Some("7"));
         assert_eq!(slim.metadata.generation, Some(2));
@@ -391,10 +383,31 @@ mod tests {
         );
         // A MyDatabase keeps its whole status.
         let mut database = copy();
-        slim_copy(&mut database, true);
+        slim_copy(
+            &mut database,
+            &interpreters.get("example.com/v1", "MyDatabase"),
+        );
         assert_eq!(
             database.data["status"]["conditions"][0]["type"],
             "Available"
+        );
+        // Another kind's fields, normalized.
+        let widget: crate::api::ResourceInterpreterSpec = serde_json::from_value(json!({
+            "target": {"apiVersion": "example.org/v1", "kind": "Widget"},
+            "replicas": ".spec.size", "status": {"ready": ".status.summary.ready"}
+        }))
+        .unwrap();
+        let widget = Interpretation::from_spec(
+            &widget,
+            crate::hub::federation::interpreter::Source::Default,
+        )
+        .unwrap();
+        let mut custom = copy();
+        custom.data = json!({"spec": {"size": 4}, "status": {"summary": {"ready": 3}, "x": 1}});
+        slim_copy(&mut custom, &widget);
+        assert_eq!(
+            custom.data,
+            json!({"spec": {"replicas": 4}, "status": {"readyReplicas": 3}})
         );
     }
 }

@@ -1,5 +1,6 @@
-//! Facts about template kinds and member clusters that placement, propagation, failover
-//! and `bulkhead plan` share (one place for each rule).
+//! Facts about member clusters and failover that placement, propagation and `bulkhead
+//! plan` share (one place for each rule); how each template kind is read is
+//! `interpreter`'s.
 
 use k8s_openapi::api::core::v1::{Taint, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -10,30 +11,6 @@ use crate::api::{MemberCluster, find_condition, is_condition_true};
 use crate::hub::federation::placement::{ClusterView, toleration_matches};
 use crate::hub::membership::taints::{HUB_TAINT_KEYS, is_hub_taint};
 use crate::hub::membership::zones::HubHealth;
-
-fn group(api_version: &str) -> &str {
-    api_version
-        .split_once('/')
-        .map(|(group, _)| group)
-        .unwrap_or("")
-}
-
-/// Kinds whose replicas are divided among clusters: Deployment, StatefulSet, MyDatabase.
-/// Every other kind is Duplicated.
-pub fn is_divisible(api_version: &str, kind: &str) -> bool {
-    matches!(
-        (group(api_version), kind),
-        ("apps", "Deployment") | ("apps", "StatefulSet") | ("example.com", "MyDatabase")
-    )
-}
-
-/// Kinds that hold data: never moved by failover, fenced instead.
-pub fn is_stateful(api_version: &str, kind: &str) -> bool {
-    matches!(
-        (group(api_version), kind),
-        ("apps", "StatefulSet") | ("example.com", "MyDatabase")
-    )
-}
 
 /// What placement sees of a MemberCluster. A cluster without status has not been probed:
 /// it counts as Ready only when `assume_ready` (offline planning from files).
@@ -191,18 +168,6 @@ pub fn failed(view: &ClusterView, since: jiff::Timestamp) -> ClusterView {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn divisible_and_stateful_kinds() {
-        assert!(is_divisible("apps/v1", "Deployment") && !is_stateful("apps/v1", "Deployment"));
-        assert!(is_divisible("apps/v1", "StatefulSet") && is_stateful("apps/v1", "StatefulSet"));
-        assert!(
-            is_divisible("example.com/v1", "MyDatabase")
-                && is_stateful("example.com/v1", "MyDatabase")
-        );
-        assert!(!is_divisible("v1", "ConfigMap") && !is_stateful("v1", "ConfigMap"));
-        assert!(!is_divisible("other.io/v1", "Deployment"));
-    }
 
     #[test]
     fn views_from_member_clusters() {

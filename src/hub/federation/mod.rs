@@ -26,6 +26,8 @@ pub mod aggregate;
 pub mod context;
 pub mod copies;
 pub mod copy_cache;
+pub mod discovery;
+pub mod interpreter;
 pub mod kinds;
 pub mod matching;
 pub mod placement;
@@ -42,7 +44,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt, stream};
-use kube::api::{ApiResource, DynamicObject};
+use kube::api::DynamicObject;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{self, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -52,10 +54,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::{ClusterPropagationPolicy, MemberCluster, PropagationPolicy, ResourceBinding};
 use crate::hub::HubState;
-use crate::hub::federation::copy_cache::{CopyCaches, CopyEvent};
-use crate::hub::federation::scheduler::{TEMPLATE_KINDS, resource};
+use crate::hub::federation::copy_cache::{CopyCaches, CopyEvent, Kinds};
+use crate::hub::federation::discovery::{Gvk, KindNeeds};
 use crate::metrics::Metrics;
-use context::{CallLabels, Context, ControllerMetrics, RateLimit, Stores, slim_template};
+pub use context::ControllerMetrics;
+use context::{CallLabels, Context, RateLimit, Stores, slim_template};
 use queue::WorkQueue;
 use writer::{Completed, ObjectKey, Writers};
 
@@ -71,20 +74,14 @@ pub struct ControllerOptions {
     pub eviction_rate: f64,
 }
 
-/// The template kinds as API resources.
-pub fn template_resources() -> Vec<ApiResource> {
-    TEMPLATE_KINDS
-        .iter()
-        .map(|(group, version, kind, plural)| resource(group, version, kind, plural))
-        .collect()
-}
-
 /// Something that happened on the hub, as the queue sees it.
+#[derive(Default)]
 enum Trigger {
     /// One template (or its binding, or its copies) changed.
     Template(ObjectKey),
     /// Anything may have changed for every template.
     All,
+    #[default]
     Nothing,
 }
 
@@ -113,12 +110,12 @@ fn template_key(kind: usize, object: &DynamicObject) -> ObjectKey {
     }
 }
 
-/// The template a binding belongs to.
-fn binding_template(kinds: &[ApiResource], binding: &ResourceBinding) -> Option<ObjectKey> {
+/// The template a binding belongs to, if its kind is federated.
+fn binding_template(kinds: &Kinds, binding: &ResourceBinding) -> Option<ObjectKey> {
     let resource = &binding.spec.resource;
     let kind = kinds
         .iter()
-        .position(|ar| ar.api_version == resource.api_version && ar.kind == resource.kind)?;
+        .position(|(ar, _)| ar.api_version == resource.api_version && ar.kind == resource.kind)?;
     Some(ObjectKey {
         kind,
         namespace: binding.namespace().unwrap_or_default(),
@@ -126,14 +123,12 @@ fn binding_template(kinds: &[ApiResource], binding: &ResourceBinding) -> Option<
     })
 }
 
-/// A reflector of the hub whose events become triggers.
-fn reflect<K, F>(
+/// A reflector of the hub whose events become triggers (a failed watch call is the
+/// default trigger: nothing).
+pub(super) fn reflect<K, T, F>(
     api: Api<K>,
     mut to_trigger: F,
-) -> (
-    reflector::Store<K>,
-    futures::stream::BoxStream<'static, Trigger>,
-)
+) -> (reflector::Store<K>, futures::stream::BoxStream<'static, T>)
 where
     K: kube::Resource<DynamicType = ()>
         + Clone
@@ -142,7 +137,8 @@ where
         + Send
         + Sync
         + 'static,
-    F: FnMut(watcher::Event<K>) -> Trigger + Send + 'static,
+    T: Default + Send + 'static,
+    F: FnMut(watcher::Event<K>) -> T + Send + 'static,
 {
     let (store, writer) = reflector::store();
     let stream = reflector(
@@ -152,7 +148,7 @@ where
     .default_backoff()
     .map(move |event| match event {
         Ok(event) => to_trigger(event),
-        Err(_) => Trigger::Nothing,
+        Err(_) => T::default(),
     })
     .boxed();
     (store, stream)
@@ -168,16 +164,48 @@ fn everything<K>(event: watcher::Event<K>) -> Trigger {
     }
 }
 
-/// Runs the federation controller until shutdown.
+/// Runs the federation controller until shutdown, over the kinds the policies select
+/// and the bindings name ([`discovery`]), and again whenever that set changes.
 pub async fn run(
     hub: Client,
     state: HubState,
     recorder: Recorder,
-    metrics: Arc<Metrics>,
+    metrics: ControllerMetrics,
     options: ControllerOptions,
     shutdown: CancellationToken,
 ) {
-    let kinds = template_resources();
+    discovery::supervise(hub.clone(), shutdown, move |kinds, needs, term| {
+        run_kinds(
+            hub.clone(),
+            state.clone(),
+            recorder.clone(),
+            metrics.clone(),
+            options.clone(),
+            kinds,
+            needs,
+            term,
+        )
+    })
+    .await;
+}
+
+/// The controller's metrics, registered once per process.
+pub fn register_metrics(metrics: &Metrics) -> ControllerMetrics {
+    ControllerMetrics::register(metrics)
+}
+
+/// Runs the federation controller over `kinds` until shutdown.
+#[allow(clippy::too_many_arguments)]
+async fn run_kinds(
+    hub: Client,
+    state: HubState,
+    recorder: Recorder,
+    controller_metrics: ControllerMetrics,
+    options: ControllerOptions,
+    kinds: Kinds,
+    needs: KindNeeds,
+    shutdown: CancellationToken,
+) {
     let (copy_events, mut copy_events_rx) = mpsc::unbounded_channel();
     let caches = CopyCaches::with_events(copy_events);
     let cache_task = tokio::spawn(crate::hub::federation::copy_cache::run(
@@ -187,7 +215,6 @@ pub async fn run(
         kinds.clone(),
         shutdown.clone(),
     ));
-    let controller_metrics = ControllerMetrics::register(&metrics);
     let (completed, mut completed_rx) = mpsc::unbounded_channel::<Completed>();
     let calls = controller_metrics.member_calls.clone();
     let writers = Writers::new(
@@ -221,8 +248,17 @@ pub async fn run(
     let (bindings, s) = reflect(
         Api::<ResourceBinding>::all(hub.clone()),
         move |event| match event {
-            watcher::Event::Apply(b) | watcher::Event::Delete(b) => {
-                binding_template(&binding_kinds, &b).map_or(Trigger::Nothing, Trigger::Template)
+            watcher::Event::Apply(b) | watcher::Event::Delete(b) | watcher::Event::InitApply(b) => {
+                match binding_template(&binding_kinds, &b) {
+                    Some(key) => Trigger::Template(key),
+                    None => {
+                        // A binding of a kind not federated (its policy went): the kind
+                        // is federated again, so its template can still be cleaned up.
+                        let resource = &b.spec.resource;
+                        let _ = needs.send(Gvk::new(&resource.api_version, &resource.kind));
+                        Trigger::Nothing
+                    }
+                }
             }
             watcher::Event::InitDone => Trigger::All,
             _ => Trigger::Nothing,
@@ -231,11 +267,12 @@ pub async fn run(
     streams.push(s);
     let mut templates = vec![];
     let bodies = context::Bodies::default();
-    for (kind, ar) in kinds.iter().enumerate() {
+    for (kind, entry) in kinds.iter().enumerate() {
+        let ar = &entry.0;
         let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
         templates.push(writer.as_reader());
         let api = Api::<DynamicObject>::all_with(hub.clone(), ar);
-        let slim_resource = ar.clone();
+        let slim_resource = entry.clone();
         let slim_bodies = bodies.clone();
         let slim = watcher(api, watcher::Config::default()).modify(move |o: &mut DynamicObject| {
             slim_template(o, &slim_resource, kind, &slim_bodies)
@@ -522,7 +559,7 @@ async fn report_progress(context: Arc<Context>, shutdown: CancellationToken) {
                 context
                     .caches
                     .member(&v.name)
-                    .is_some_and(|c| context.kinds.iter().all(|ar| c.synced(ar)))
+                    .is_some_and(|c| context.kinds.iter().all(|(ar, _)| c.synced(ar)))
             });
         context.metrics.synced.set(i64::from(synced));
     }
@@ -565,7 +602,13 @@ mod tests {
 
     #[test]
     fn a_binding_leads_to_its_template() {
-        let kinds = template_resources();
+        let kinds = discovery::kinds(
+            &[
+                kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+                kube::api::ApiResource::erase::<k8s_openapi::api::apps::v1::Deployment>(&()),
+            ],
+            &interpreter::Interpreters::built_in(),
+        );
         let binding: ResourceBinding = serde_json::from_value(json!({
             "apiVersion": "federation.example.com/v1alpha1", "kind": "ResourceBinding",
             "metadata": {"name": "web-deployment", "namespace": "shop"},
@@ -573,7 +616,10 @@ mod tests {
         }))
         .unwrap();
         let key = binding_template(&kinds, &binding).unwrap();
-        assert_eq!(kinds[key.kind].kind, "Deployment");
+        assert_eq!(kinds[key.kind].0.kind, "Deployment");
+        let mut other = binding.clone();
+        other.spec.resource.kind = "StatefulSet".into();
+        assert!(binding_template(&kinds, &other).is_none(), "not federated");
         assert_eq!((key.namespace.as_str(), key.name.as_str()), ("shop", "web"));
     }
 }

@@ -27,6 +27,7 @@ use serde_json::Value;
 
 use crate::api::resource_binding::TargetCluster;
 use crate::hub::federation::copies::member_copy;
+use crate::hub::federation::interpreter::Interpretation;
 
 /// What the hub knows about one member cluster and the template's copy in it.
 #[derive(Clone, Copy, Debug)]
@@ -47,10 +48,9 @@ pub struct PlanInput<'a> {
     pub template: &'a Value,
     /// The binding label value `<namespace>.<name>`.
     pub binding: &'a str,
-    /// Deployment, StatefulSet, MyDatabase: per-cluster `spec.replicas`.
-    pub divisible: bool,
-    /// StatefulSet, MyDatabase: the partition freeze applies.
-    pub stateful: bool,
+    /// How the kind is read: divisible kinds get per-cluster replicas; stateful kinds
+    /// (StatefulSet, MyDatabase, ...) get the partition freeze.
+    pub interpretation: &'a Interpretation,
     /// The binding's decision before this one (what the current placement was).
     pub previous: &'a [TargetCluster],
     /// The binding's decision.
@@ -155,7 +155,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                 if !member.reachable {
                     // A shrink of the cut-off cluster itself waits for it too.
                     if frozen
-                        && input.divisible
+                        && input.interpretation.divisible()
                         && member
                             .copy
                             .and_then(copy_replicas)
@@ -177,7 +177,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                     continue;
                 }
                 let mut replicas = t.replicas;
-                if input.divisible
+                if input.interpretation.divisible()
                     && let Some(current) = member.copy.and_then(copy_replicas)
                     && current > replicas
                 {
@@ -198,7 +198,12 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                         replicas = current;
                     }
                 }
-                let desired = member_copy(input.template, input.binding, Some(replicas));
+                let desired = member_copy(
+                    input.template,
+                    input.binding,
+                    Some(replicas),
+                    input.interpretation,
+                );
                 if member.copy.is_some_and(|copy| copy_matches(&desired, copy)) {
                     continue;
                 }
@@ -264,7 +269,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
 /// every cluster the hub last saw holding a copy, recorded cleanups) or the new one that
 /// are not Ready. A cluster the hub no longer knows (unjoined) counts as not Ready.
 fn partition_freeze(input: &PlanInput<'_>) -> Vec<String> {
-    if !input.stateful {
+    if !input.interpretation.stateful {
         return vec![];
     }
     let ready = |cluster: &str| {
@@ -304,13 +309,15 @@ fn replacement_ready(input: &PlanInput<'_>) -> bool {
         let member = input.members.iter().find(|m| m.cluster == t.name);
         let copy = member.and_then(|m| m.copy);
         let current = copy.and_then(copy_replicas);
-        if input.divisible && current.is_some_and(|c| c > t.replicas) {
+        if input.interpretation.divisible() && current.is_some_and(|c| c > t.replicas) {
             return true; // shrinking itself
         }
         match member {
             Some(m) if m.reachable && m.synced => match copy {
                 None => false,
-                Some(copy) if !input.divisible => copy.metadata.deletion_timestamp.is_none(),
+                Some(copy) if !input.interpretation.divisible() => {
+                    copy.metadata.deletion_timestamp.is_none()
+                }
                 Some(copy) => current == Some(t.replicas) && copy_ready(copy) >= t.replicas,
             },
             _ => false,
@@ -352,6 +359,21 @@ fn plan_cleanup(input: &PlanInput<'_>, plan: &mut Plan) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn built_in(api_version: &str, kind: &str) -> &'static Interpretation {
+        let interpretation =
+            crate::hub::federation::interpreter::Interpreters::built_in().get(api_version, kind);
+        Box::leak(Box::new((*interpretation).clone()))
+    }
+
+    /// The copy with the built-in interpretation of the template's kind.
+    fn copy_of(template: &Value, binding: &str, replicas: Option<i32>) -> Value {
+        let interpretation = crate::hub::federation::interpreter::Interpreters::built_in().get(
+            template["apiVersion"].as_str().unwrap_or_default(),
+            template["kind"].as_str().unwrap_or_default(),
+        );
+        crate::hub::federation::copies::member_copy(template, binding, replicas, &interpretation)
+    }
     use kube::ResourceExt;
     use serde_json::json;
 
@@ -365,7 +387,7 @@ mod tests {
 
     /// A member copy as the hub's cache would hold it.
     fn copy(replicas: i32, ready: i32, uid: &str) -> DynamicObject {
-        let mut value = member_copy(&template(6), "shop.web", Some(replicas));
+        let mut value = copy_of(&template(6), "shop.web", Some(replicas));
         value["metadata"]["uid"] = json!(uid);
         value["spec"]["progressDeadlineSeconds"] = json!(600);
         value["status"] = json!({"replicas": replicas, "readyReplicas": ready});
@@ -406,8 +428,7 @@ mod tests {
         PlanInput {
             template,
             binding: "shop.web",
-            divisible: true,
-            stateful: false,
+            interpretation: built_in("apps/v1", "Deployment"),
             previous: &[],
             targets,
             deleting: false,
@@ -640,7 +661,7 @@ mod tests {
     }
 
     fn database_copy(replicas: i32, ready: i32, uid: &str) -> DynamicObject {
-        let mut value = member_copy(&database(2), "shop.orders", Some(replicas));
+        let mut value = copy_of(&database(2), "shop.orders", Some(replicas));
         value["metadata"]["uid"] = json!(uid);
         value["status"] = json!({"replicas": replicas, "readyReplicas": ready});
         serde_json::from_value(value).unwrap()
@@ -655,8 +676,7 @@ mod tests {
         PlanInput {
             template,
             binding: "shop.orders",
-            divisible: true,
-            stateful: true,
+            interpretation: built_in("example.com/v1", "MyDatabase"),
             previous,
             targets,
             deleting: false,
@@ -819,8 +839,7 @@ mod tests {
         let plan = plan(&PlanInput {
             template: &config,
             binding: "n.c",
-            divisible: false,
-            stateful: false,
+            interpretation: built_in("v1", "ConfigMap"),
             previous: &[],
             targets: &targets,
             deleting: false,

@@ -22,7 +22,6 @@ use crate::hub::federation::context::{
     ClusterLabel, Context, TemplateReport, binding_status_key, candidates,
 };
 use crate::hub::federation::copies::binding_label;
-use crate::hub::federation::kinds::{is_divisible, is_stateful};
 use crate::hub::federation::placement::ClusterView;
 use crate::hub::federation::propagation::{self, MemberCopy, Plan, PlanInput};
 use crate::hub::federation::scheduler::{
@@ -55,7 +54,7 @@ pub(super) async fn reconcile(context: &Arc<Context>, key: &ObjectKey) -> Option
     if is_excluded_namespace(&key.namespace) {
         return None;
     }
-    let resource = context.kinds[key.kind].clone();
+    let (resource, _) = context.kinds.get(key.kind).cloned()?;
     let template = context.template(key);
     let binding = context.binding(key, &binding_name(&key.name, &resource.kind));
     let views = context.views();
@@ -156,8 +155,7 @@ fn plan(
     let plan = propagation::plan(&PlanInput {
         template: &template_value,
         binding: &label,
-        divisible: is_divisible(&resource.api_version, &resource.kind),
-        stateful: is_stateful(&resource.api_version, &resource.kind),
+        interpretation: &context.interpretation(key),
         previous,
         targets,
         deleting,
@@ -278,7 +276,7 @@ async fn delete_template(
         && !unsynced(&planned.members, &targets)
     {
         let built = status::build(
-            resource,
+            &context.interpretation(key),
             template.metadata.generation,
             &targets,
             &planned.members,
@@ -295,6 +293,7 @@ async fn delete_template(
             context,
             key,
             resource,
+            &context.interpretation(key),
             template,
             &targets,
             &built.observations,
@@ -384,6 +383,7 @@ async fn place_template(
     let Some(mut desired) = desired_binding(
         template,
         resource,
+        &context.interpretation(key),
         &candidates,
         views,
         existing,
@@ -448,7 +448,13 @@ async fn place_template(
     // keeps the previous placement known (the partition freeze, pending cleanups).
     if existing.is_some() && decision_changed {
         let built = status_or_previous(
-            resource, template, &targets, &planned, existing, &desired, now,
+            &context.interpretation(key),
+            template,
+            &targets,
+            &planned,
+            existing,
+            &desired,
+            now,
         );
         if !write_binding(context, key, &desired, existing, &built, true).await {
             return Some(RETRY);
@@ -463,7 +469,7 @@ async fn place_template(
         return again;
     }
     let built = status::build(
-        resource,
+        &context.interpretation(key),
         template.metadata.generation,
         &targets,
         &planned.members,
@@ -518,6 +524,7 @@ async fn place_template(
             context,
             key,
             resource,
+            &context.interpretation(key),
             template,
             &targets,
             &built.observations,
@@ -532,7 +539,7 @@ async fn place_template(
 /// The status to write beside a changed decision: built now when the members' copies are
 /// listed, the binding's previous status otherwise.
 fn status_or_previous(
-    resource: &ApiResource,
+    interpretation: &crate::hub::federation::interpreter::Interpretation,
     template: &DynamicObject,
     targets: &[TargetCluster],
     planned: &Planned,
@@ -549,7 +556,7 @@ fn status_or_previous(
         };
     }
     status::build(
-        resource,
+        interpretation,
         template.metadata.generation,
         targets,
         &planned.members,

@@ -4,8 +4,8 @@
 //! `Scheduled` in the status. `controller` runs it and writes the binding in one
 //! server-side apply, only when the decision changed.
 //!
-//! Templates are watched for a fixed set of kinds (`TEMPLATE_KINDS`); namespaces
-//! `bulkhead-system` and `kube-*` are never templates (they hold the members' credentials
+//! Templates of any kind are scheduled (the kinds are found by `discovery`, read by
+//! `interpreter`); namespaces `bulkhead-system` and `kube-*` are never templates (they hold the members' credentials
 //! and the system), whatever a policy selects.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -19,9 +19,8 @@ use crate::api::resource_binding::{
 use crate::api::{
     ConditionStatus, ResourceBinding, SYSTEM_NAMESPACE, new_condition, set_condition,
 };
-use crate::hub::federation::kinds::{
-    is_divisible, is_stateful, marks_fenced, placement_tolerations,
-};
+use crate::hub::federation::interpreter::Interpretation;
+use crate::hub::federation::kinds::{marks_fenced, placement_tolerations};
 use crate::hub::federation::matching::{
     PolicyCandidate, TemplateRef, choose_policy, policy_reference,
 };
@@ -29,16 +28,6 @@ use crate::hub::federation::placement::{ClusterView, PlacementRequest, decide};
 
 /// Field manager of the hub's scheduler.
 pub const FIELD_MANAGER: &str = "bulkhead-hub-scheduler";
-
-/// The kinds the hub watches as templates: (group, version, kind, plural).
-pub const TEMPLATE_KINDS: &[(&str, &str, &str, &str)] = &[
-    ("apps", "v1", "Deployment", "deployments"),
-    ("apps", "v1", "StatefulSet", "statefulsets"),
-    ("example.com", "v1", "MyDatabase", "mydatabases"),
-    ("", "v1", "ConfigMap", "configmaps"),
-    ("", "v1", "Secret", "secrets"),
-    ("", "v1", "Service", "services"),
-];
 
 /// Namespaces whose objects are never templates.
 pub fn is_excluded_namespace(namespace: &str) -> bool {
@@ -127,9 +116,11 @@ pub fn scheduler_status(status: Option<&ResourceBindingStatus>) -> ResourceBindi
 
 /// Decides the binding of one template (pure): None when no policy selects it. While the
 /// hub is `frozen`, failover moves nothing (see `kinds::placement_tolerations`).
+#[allow(clippy::too_many_arguments)]
 pub fn desired_binding(
     template: &DynamicObject,
     resource: &ApiResource,
+    interpretation: &Interpretation,
     candidates: &[PolicyCandidate],
     clusters: &[ClusterView],
     existing: Option<&ResourceBinding>,
@@ -147,18 +138,14 @@ pub fn desired_binding(
         labels: &labels,
     };
     let (policy, _) = choose_policy(&reference, candidates)?;
-    let divisible = is_divisible(&resource.api_version, &resource.kind);
-    let stateful = is_stateful(&resource.api_version, &resource.kind);
+    let divisible = interpretation.divisible();
+    let stateful = interpretation.stateful;
     let placement = Placement {
         cluster_tolerations: placement_tolerations(policy.spec, stateful, frozen),
         ..policy.spec.placement.clone()
     };
     let next_change = next_toleration_expiry(&placement.cluster_tolerations, clusters, now);
-    let replicas = if divisible {
-        template.data["spec"]["replicas"].as_i64().unwrap_or(1) as i32
-    } else {
-        1
-    };
+    let replicas = interpretation.replicas_of(&template.data).unwrap_or(1);
     let uid = template.metadata.uid.clone().unwrap_or_default();
     let current = existing
         .map(|b| b.spec.clusters.clone())
@@ -323,6 +310,8 @@ mod tests {
         let desired = desired_binding(
             &template(6),
             &deployments(),
+            &crate::hub::federation::interpreter::Interpreters::built_in()
+                .get("apps/v1", "Deployment"),
             &candidates,
             &clusters(),
             None,
@@ -374,6 +363,8 @@ mod tests {
             desired_binding(
                 &template(6),
                 &deployments(),
+                &crate::hub::federation::interpreter::Interpreters::built_in()
+                    .get("apps/v1", "Deployment"),
                 &candidates,
                 &clusters(),
                 None,
@@ -387,6 +378,8 @@ mod tests {
         let first = desired_binding(
             &template(6),
             &deployments(),
+            &crate::hub::federation::interpreter::Interpreters::built_in()
+                .get("apps/v1", "Deployment"),
             &candidates,
             &clusters(),
             None,
@@ -399,6 +392,8 @@ mod tests {
         let again = desired_binding(
             &template(6),
             &deployments(),
+            &crate::hub::federation::interpreter::Interpreters::built_in()
+                .get("apps/v1", "Deployment"),
             &candidates,
             &clusters(),
             Some(&existing),
@@ -432,6 +427,8 @@ mod tests {
         let desired = desired_binding(
             &template(6),
             &deployments(),
+            &crate::hub::federation::interpreter::Interpreters::built_in()
+                .get("apps/v1", "Deployment"),
             &candidates,
             &clusters(),
             Some(&existing),

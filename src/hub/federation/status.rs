@@ -10,7 +10,7 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use kube::{Api, ResourceExt};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::api::resource_binding::{ClusterPlacementStatus, PlacementHealth, TargetCluster};
 use crate::api::{MyDatabaseStatus, ResourceBinding};
@@ -20,7 +20,7 @@ use crate::hub::federation::aggregate::{
     stamp_last_seen, workload_status,
 };
 use crate::hub::federation::context::{Context, template_status_key};
-use crate::hub::federation::kinds::is_divisible;
+use crate::hub::federation::interpreter::Interpretation;
 use crate::hub::federation::propagation::Plan;
 use crate::hub::federation::writer::{CopyOp, ObjectKey, Outcome};
 
@@ -80,7 +80,7 @@ pub(super) fn previous_rows(binding: Option<&ResourceBinding>) -> &[ClusterPlace
 /// Builds the binding's rows and conditions from what the members say.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn build(
-    resource: &ApiResource,
+    interpretation: &Interpretation,
     generation: Option<i64>,
     targets: &[TargetCluster],
     members: &[Member],
@@ -91,7 +91,6 @@ pub(super) fn build(
     now: jiff::Timestamp,
 ) -> BuiltStatus {
     let previous_rows = previous_rows(binding);
-    let divisible = is_divisible(&resource.api_version, &resource.kind);
     let mut observations: Vec<CopyObservation> = targets
         .iter()
         .map(|target| {
@@ -130,7 +129,9 @@ pub(super) fn build(
                 fenced: fence && !reachable,
                 message,
                 present: copy.is_some(),
-                reports_readiness: divisible,
+                reports_readiness: interpretation.reports_readiness(),
+                condition_healthy: copy
+                    .and_then(|c| interpretation.condition_healthy(c.data.get("status"))),
             }
         })
         .collect();
@@ -171,13 +172,15 @@ pub(super) fn build(
     }
 }
 
-/// Writes the template's own status (Deployment, StatefulSet, MyDatabase) when it
-/// changed and has converged or waited long enough. Returns how long it still waits.
+/// Writes the template's own status (Deployment, StatefulSet, MyDatabase, and any kind
+/// whose interpretation names status fields to sum) when it changed and has converged or
+/// waited long enough. Returns how long it still waits.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn write_template_status(
     context: &Context,
     key: &ObjectKey,
     resource: &ApiResource,
+    interpretation: &Interpretation,
     template: &DynamicObject,
     targets: &[TargetCluster],
     observations: &[CopyObservation],
@@ -187,8 +190,10 @@ pub(super) async fn write_template_status(
     let generation = template.metadata.generation;
     let desired: i32 = targets.iter().map(|t| t.replicas).sum();
     let previous = &template.data["status"];
-    let status = match (resource.group.as_str(), resource.kind.as_str()) {
-        ("example.com", "MyDatabase") => {
+    let built_in_workload =
+        interpretation.source == crate::hub::federation::interpreter::Source::BuiltIn;
+    let status = match () {
+        _ if interpretation.quirks.database_status => {
             let previous: Option<MyDatabaseStatus> = serde_json::from_value(previous.clone()).ok();
             let status = mydatabase_status(
                 previous.as_ref(),
@@ -199,10 +204,19 @@ pub(super) async fn write_template_status(
             );
             serde_json::to_value(status).unwrap_or_default()
         }
-        ("apps", "Deployment") | ("apps", "StatefulSet") if !deleting => {
-            workload_status(previous, observations, desired, generation)
+        _ if deleting || !interpretation.divisible() || !interpretation.sums_status() => {
+            return None;
         }
-        _ => return None,
+        _ if built_in_workload => workload_status(previous, observations, desired, generation),
+        // Another kind: the sums at its own paths (no conditions: its schema may not
+        // have them, and a pruned field would be written again and again).
+        _ => {
+            let mut sums = workload_status(&Value::Null, observations, desired, generation);
+            if let Some(map) = sums.as_object_mut() {
+                map.remove("conditions");
+            }
+            interpretation.template_status(&sums)
+        }
     };
     let status_key = template_status_key(key);
     if crate::hub::federation::copies::already_matches(&status, previous) {

@@ -32,7 +32,7 @@ use crate::api::{ANNOTATION_TEMPLATE_DELETED, LABEL_MANAGED_BY};
 use crate::error::{ApiErrorKind, classify};
 use crate::hub::Registry;
 use crate::hub::federation::copies::{MANAGED_BY, Ownership, ownership};
-use crate::hub::federation::kinds::is_stateful;
+use crate::hub::federation::copy_cache::Kinds;
 use crate::hub::federation::queue::WorkQueue;
 
 /// Field manager of the hub's member copies.
@@ -217,7 +217,7 @@ struct Inner {
     registry: Registry,
     /// Every write checks it first: a deposed leader's writers write nothing more.
     leadership: crate::leader::Leadership,
-    kinds: Vec<ApiResource>,
+    kinds: Kinds,
     writers: Mutex<BTreeMap<String, Arc<MemberWriter>>>,
     completed: mpsc::UnboundedSender<Completed>,
     count_call: CallCounter,
@@ -229,7 +229,7 @@ impl Writers {
     pub fn new(
         registry: Registry,
         leadership: crate::leader::Leadership,
-        kinds: Vec<ApiResource>,
+        kinds: Kinds,
         completed: mpsc::UnboundedSender<Completed>,
         count_call: CallCounter,
         shutdown: CancellationToken,
@@ -539,7 +539,7 @@ fn member_api(
     cluster: &str,
     key: &ObjectKey,
 ) -> Option<(Api<DynamicObject>, ApiResource)> {
-    let resource = inner.kinds.get(key.kind)?.clone();
+    let resource = inner.kinds.get(key.kind)?.0.clone();
     let client = inner.registry.get(cluster)?.client()?.clone();
     Some((
         Api::namespaced_with(client, &key.namespace, &resource),
@@ -633,7 +633,7 @@ async fn existing_unmanaged(
     let kind = inner
         .kinds
         .get(key.kind)
-        .map(|r| r.kind.clone())
+        .map(|(r, _)| r.kind.clone())
         .unwrap_or_default();
     let names: HashMap<String, Value> = list
         .items
@@ -700,10 +700,9 @@ async fn apply(
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(key.namespace.clone());
-            crate::hub::federation::copy_cache::slim_copy(
-                &mut written,
-                resource.group == "example.com",
-            );
+            if let Some((_, interpretation)) = inner.kinds.get(key.kind) {
+                crate::hub::federation::copy_cache::slim_copy(&mut written, interpretation);
+            }
             (Outcome::Done, Some(Fresh::Object(Arc::new(written))), false)
         }
         Err(error) => {
@@ -718,11 +717,35 @@ async fn apply(
                     .remove(&key.namespace);
             }
             (
-                Outcome::Failed(format!("apply failed in {cluster}: {}", short(&error))),
+                Outcome::Failed(format!(
+                    "apply failed in {cluster}: {}{}",
+                    short(&error),
+                    apply_hint(cluster, resource, kind)
+                )),
                 None,
                 true,
             )
         }
+    }
+}
+
+/// What a user can do about a failed apply of a kind the member may not serve, or may
+/// not let the hub write.
+fn apply_hint(cluster: &str, resource: &ApiResource, kind: ApiErrorKind) -> String {
+    let resource_name = if resource.group.is_empty() {
+        resource.plural.clone()
+    } else {
+        format!("{}.{}", resource.plural, resource.group)
+    };
+    match kind {
+        ApiErrorKind::NotFound => format!(
+            " (the namespace is created on demand; if it exists, {cluster} may not serve {} {}: install its CRD there)",
+            resource.api_version, resource.kind
+        ),
+        ApiErrorKind::Forbidden => format!(
+            " (the hub's role in {cluster} does not cover {resource_name}: run `bulkhead join {cluster} ... --federate {resource_name}` again)"
+        ),
+        _ => String::new(),
     }
 }
 
@@ -771,7 +794,8 @@ async fn delete(
     uid: &Option<String>,
     template_deleted: bool,
 ) -> (Outcome, Option<Fresh>, bool) {
-    if template_deleted && is_stateful(&resource.api_version, &resource.kind) {
+    let stateful = inner.kinds.get(key.kind).is_some_and(|(_, i)| i.stateful);
+    if template_deleted && stateful {
         // The user deleted the template: say so on the copy, so its agent may apply
         // `reclaimPolicy: Delete`. A copy deleted without this mark keeps its volumes.
         let mark = json!({"metadata": {"annotations": {ANNOTATION_TEMPLATE_DELETED: "true"}}});
@@ -810,10 +834,9 @@ async fn delete(
             tracing::info!(cluster, namespace = %key.namespace, name = %key.name, kind = %resource.kind, "deleted the copy");
             let fresh = match either {
                 either::Either::Left(mut object) => {
-                    crate::hub::federation::copy_cache::slim_copy(
-                        &mut object,
-                        resource.group == "example.com",
-                    );
+                    if let Some((_, interpretation)) = inner.kinds.get(key.kind) {
+                        crate::hub::federation::copy_cache::slim_copy(&mut object, interpretation);
+                    }
                     Fresh::Object(Arc::new(object))
                 }
                 either::Either::Right(_) => Fresh::Gone(uid.clone()),
@@ -883,9 +906,10 @@ mod tests {
             },
         )]));
         let (completed, receiver) = mpsc::unbounded_channel();
-        let kinds = vec![ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(
-            &(),
-        )];
+        let kinds: Kinds = Arc::from(vec![(
+            ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+            crate::hub::federation::interpreter::Interpreters::built_in().get("v1", "ConfigMap"),
+        )]);
         let writers = Writers::new(
             registry,
             crate::leader::Leadership::always(),
