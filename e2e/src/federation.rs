@@ -90,6 +90,19 @@ impl Federation {
         probe: &[&str; 2],
         hub_kubeconfig: Option<std::path::PathBuf>,
     ) -> Result<Self> {
+        Self::start_joined(prefix, extra_hub_args, probe, hub_kubeconfig, &[]).await
+    }
+
+    /// [`Federation::start_as`] with more `bulkhead join` arguments for every member (e.g.
+    /// `--federate widgets.example.org`). Every test of a file must join alike: a join
+    /// without them takes the permissions back.
+    pub async fn start_joined(
+        prefix: &str,
+        extra_hub_args: &[&str],
+        probe: &[&str; 2],
+        hub_kubeconfig: Option<std::path::PathBuf>,
+        join_extra: &[&str],
+    ) -> Result<Self> {
         let lab = crate::support::lab().await?;
         lab.install_crds("hub", &crate::lab::crd_dir()).await?;
         for (name, zone, region) in MEMBERS {
@@ -99,11 +112,15 @@ impl Federation {
                 zone,
                 region,
                 &[
-                    "--probe-interval-seconds",
-                    probe[0],
-                    "--probe-timeout-seconds",
-                    probe[1],
-                ],
+                    &[
+                        "--probe-interval-seconds",
+                        probe[0],
+                        "--probe-timeout-seconds",
+                        probe[1],
+                    ],
+                    join_extra,
+                ]
+                .concat(),
             )?;
             anyhow::ensure!(output.status.success(), "join {name} failed");
         }

@@ -149,6 +149,11 @@ pub struct ResourceBindingStatus {
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["cluster"]))]
     pub decisions: Vec<ClusterDecision>,
 
+    /// How the template's kind was read: `built-in`, `ResourceInterpreter/<name>` or
+    /// `default (Duplicated)` (docs/interpreters.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interpreter: Option<String>,
+
     /// What happened in each member: applied, health, ready replicas, last seen, fencing
     /// and pending cleanup.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -84,7 +84,7 @@ pub fn bindings_table(bindings: &[ResourceBinding]) -> String {
             .collect();
         let resource = &binding.spec.resource;
         out.push_str(&format!(
-            "{}/{}: {} {} ({} replicas, policy {})  {}\n",
+            "{}/{}: {} {} ({} replicas, policy {}, interpreter {})  {}\n",
             binding.metadata.namespace.clone().unwrap_or_default(),
             binding.metadata.name.clone().unwrap_or_default(),
             resource.kind,
@@ -96,6 +96,7 @@ pub fn bindings_table(bindings: &[ResourceBinding]) -> String {
                 .as_ref()
                 .map(|p| p.name.as_str())
                 .unwrap_or("-"),
+            status.interpreter.as_deref().unwrap_or("-"),
             conditions.join(" ")
         ));
         if let Some(waiting) = find_condition(&status.conditions, "Propagated")
@@ -328,7 +329,7 @@ mod tests {
         let text = bindings_table(&[binding]);
         assert!(
             text.starts_with(
-                "shop/web-deployment: Deployment web (6 replicas, policy weighted)  Scheduled=True"
+                "shop/web-deployment: Deployment web (6 replicas, policy weighted, interpreter -)  Scheduled=True"
             ),
             "{text}"
         );

@@ -28,9 +28,27 @@ use crate::hub::{Registry, tasks};
 /// One member's copies, by template kind.
 pub struct ClusterCopies {
     stores: Vec<(ApiResource, Store<DynamicObject>)>,
+    /// Kinds the member cannot list for the hub (not served there, or not allowed to
+    /// the hub's role), by kind index, with the member's answer.
+    unavailable: Arc<Mutex<HashMap<usize, String>>>,
 }
 
 impl ClusterCopies {
+    /// Why the hub cannot read this kind in the member, if it cannot. Such a kind counts
+    /// as listed and empty: the hub sees no copy there, so it deletes none, and its
+    /// applies fail with the member's answer on the binding.
+    pub fn unavailable(&self, resource: &ApiResource) -> Option<String> {
+        let index = self
+            .stores
+            .iter()
+            .position(|(ar, _)| ar.kind == resource.kind && ar.group == resource.group)?;
+        self.unavailable
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&index)
+            .cloned()
+    }
+
     fn store(&self, resource: &ApiResource) -> Option<&Store<DynamicObject>> {
         self.stores
             .iter()
@@ -43,7 +61,7 @@ impl ClusterCopies {
         self.store(resource).is_some_and(|store| {
             futures::FutureExt::now_or_never(store.wait_until_ready())
                 .is_some_and(|ready| ready.is_ok())
-        })
+        }) || self.unavailable(resource).is_some()
     }
 
     /// The managed copy of `namespace/name` of this kind, as last seen.
@@ -250,9 +268,12 @@ type CopyEvents = stream::SelectAll<futures::stream::BoxStream<'static, Option<C
 fn start_watches(client: &Client, kinds: &Kinds, cluster: &str) -> (ClusterCopies, CopyEvents) {
     let mut stores = vec![];
     let mut streams = vec![];
+    let unavailable: Arc<Mutex<HashMap<usize, String>>> = Arc::default();
     for (kind, (resource, interpretation)) in kinds.iter().enumerate() {
         let cluster = cluster.to_string();
         let interpretation = interpretation.clone();
+        let unavailable = unavailable.clone();
+        let what = format!("{} {}", resource.api_version, resource.kind);
         let writer = reflector::store::Writer::<DynamicObject>::new(resource.clone());
         stores.push((resource.clone(), writer.as_reader()));
         let api = Api::<DynamicObject>::all_with(client.clone(), resource);
@@ -264,11 +285,25 @@ fn start_watches(client: &Client, kinds: &Kinds, cluster: &str) -> (ClusterCopie
                     .modify(move |o: &mut DynamicObject| slim_copy(o, &interpretation)),
             )
             .default_backoff()
-            .map(move |event| copy_event(&cluster, kind, event))
+            .map(move |event| {
+                if note_availability(&unavailable, &cluster, kind, &what, &event) {
+                    // Now counted as listed (and empty): its templates may go on.
+                    return Some(CopyEvent::Relisted {
+                        cluster: cluster.clone(),
+                    });
+                }
+                copy_event(&cluster, kind, event)
+            })
             .boxed(),
         );
     }
-    (ClusterCopies { stores }, stream::select_all(streams))
+    (
+        ClusterCopies {
+            stores,
+            unavailable,
+        },
+        stream::select_all(streams),
+    )
 }
 
 /// Metadata the hub reads on its copies.
@@ -317,6 +352,43 @@ pub fn slim_copy(object: &mut DynamicObject, interpretation: &Interpretation) {
         data.insert("status".into(), serde_json::Value::Object(summary));
     }
     object.data = serde_json::Value::Object(data);
+}
+
+/// Records a kind the member refuses to list (403: the hub's role there does not cover
+/// it; 404: the member does not serve it), and forgets it once a list succeeds.
+/// Returns whether the kind just became unavailable.
+fn note_availability(
+    unavailable: &Mutex<HashMap<usize, String>>,
+    cluster: &str,
+    kind: usize,
+    what: &str,
+    event: &Result<watcher::Event<DynamicObject>, watcher::Error>,
+) -> bool {
+    let mut unavailable = unavailable.lock().unwrap_or_else(|p| p.into_inner());
+    match event {
+        Err(
+            watcher::Error::InitialListFailed(kube::Error::Api(status))
+            | watcher::Error::WatchStartFailed(kube::Error::Api(status)),
+        ) if status.code == 403 || status.code == 404 => {
+            let reason = if status.code == 403 {
+                format!(
+                    "the hub's role in {cluster} does not cover {what}: run `bulkhead join {cluster} ... --federate <resource>.<group>` again"
+                )
+            } else {
+                format!("{cluster} does not serve {what}: install its CRD there")
+            };
+            let new = unavailable.insert(kind, reason.clone()).is_none();
+            if new {
+                tracing::warn!(member = cluster, kind = what, %reason, "the hub cannot read these copies");
+            }
+            new
+        }
+        Ok(watcher::Event::InitDone) => {
+            unavailable.remove(&kind);
+            false
+        }
+        _ => false,
+    }
 }
 
 /// What a watch event of a member's copies means for the hub.
@@ -408,6 +480,60 @@ mod tests {
         assert_eq!(
             custom.data,
             json!({"spec": {"replicas": 4}, "status": {"readyReplicas": 3}})
+        );
+    }
+
+    #[test]
+    fn a_kind_the_member_refuses_counts_as_listed_until_it_lists() {
+        let unavailable = Mutex::new(HashMap::new());
+        let refused = |code| -> Result<watcher::Event<DynamicObject>, watcher::Error> {
+            Err(watcher::Error::InitialListFailed(kube::Error::Api(
+                Box::new(kube::core::Status {
+                    code,
+                    ..Default::default()
+                }),
+            )))
+        };
+        assert!(note_availability(
+            &unavailable,
+            "east",
+            2,
+            "example.org/v1 Widget",
+            &refused(403)
+        ));
+        assert!(
+            !note_availability(
+                &unavailable,
+                "east",
+                2,
+                "example.org/v1 Widget",
+                &refused(403)
+            ),
+            "told once"
+        );
+        assert!(unavailable.lock().unwrap()[&2].contains("--federate"));
+        assert!(note_availability(
+            &unavailable,
+            "east",
+            3,
+            "example.org/v1 Gadget",
+            &refused(404)
+        ));
+        assert!(unavailable.lock().unwrap()[&3].contains("install its CRD"));
+        assert!(
+            !note_availability(&unavailable, "east", 4, "v1 ConfigMap", &refused(500)),
+            "a server error is not a refusal: the watch retries"
+        );
+        note_availability(
+            &unavailable,
+            "east",
+            2,
+            "example.org/v1 Widget",
+            &Ok(watcher::Event::InitDone),
+        );
+        assert!(
+            !unavailable.lock().unwrap().contains_key(&2),
+            "listed at last"
         );
     }
 }

@@ -110,6 +110,7 @@ pub fn scheduler_status(status: Option<&ResourceBindingStatus>) -> ResourceBindi
             .cloned()
             .collect(),
         decisions: status.decisions.clone(),
+        interpreter: status.interpreter.clone(),
         clusters: vec![],
     }
 }
@@ -183,6 +184,7 @@ pub fn desired_binding(
     };
     let mut status = scheduler_status(existing.and_then(|b| b.status.as_ref()));
     status.decisions = result.decisions.clone();
+    status.interpreter = Some(interpretation.source.to_string());
     let (scheduled, reason, message) = match &result.scheduled {
         Ok(()) => {
             let chosen: Vec<String> = result
