@@ -158,7 +158,7 @@ pub fn plan(
                 divisible,
                 stateful: is_stateful(api_version, kind),
                 uid: &uid,
-                clusters: views,
+                clusters: &crate::hub::federation::placement::capacity::with_estimates(views, &placement, template),
                 current: &[],
                 now,
             };

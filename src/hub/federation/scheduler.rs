@@ -25,7 +25,7 @@ use crate::hub::federation::kinds::{
 use crate::hub::federation::matching::{
     PolicyCandidate, TemplateRef, choose_policy, policy_reference,
 };
-use crate::hub::federation::placement::{ClusterView, PlacementRequest, decide};
+use crate::hub::federation::placement::{ClusterView, PlacementRequest, capacity, decide};
 
 /// Field manager of the hub's scheduler.
 pub const FIELD_MANAGER: &str = "bulkhead-hub-scheduler";
@@ -163,13 +163,15 @@ pub fn desired_binding(
     let current = existing
         .map(|b| b.spec.clusters.clone())
         .unwrap_or_default();
+    // Dynamic weights and Aggregated: each member's room for this template's requests.
+    let estimated = capacity::with_estimates(clusters, &placement, &template.data);
     let decision = decide(&PlacementRequest {
         placement: &placement,
         replicas,
         divisible,
         stateful,
         uid: &uid,
-        clusters,
+        clusters: &estimated,
         current: &current,
         now,
     });
@@ -203,11 +205,19 @@ pub fn desired_binding(
                 .iter()
                 .map(|t| format!("{}={}", t.name, t.replicas))
                 .collect();
-            (
-                true,
-                "Scheduled",
-                format!("placed on {}", chosen.join(", ")),
-            )
+            match &result.notice {
+                // Placed, but below the policy's minPerCluster: the numbers and the fix.
+                Some(notice) => (
+                    true,
+                    "MinPerClusterNotMet",
+                    format!("placed on {}; {notice}", chosen.join(", ")),
+                ),
+                None => (
+                    true,
+                    "Scheduled",
+                    format!("placed on {}", chosen.join(", ")),
+                ),
+            }
         }
         Err(reason) => (false, "Unschedulable", reason.clone()),
     };
