@@ -45,6 +45,7 @@ fn clusters() -> Vec<ClusterView> {
             taints: vec![],
             ready: true,
             available_replicas: Some((pseudo_random(&mut seed) % 200) as i64),
+            capacity: None,
         })
         .collect()
 }
@@ -55,6 +56,7 @@ fn divided(weights: WeightPreference) -> Placement {
             type_: ReplicaSchedulingType::Divided,
             division_preference: None,
             weight_preference: Some(weights),
+            min_per_cluster: 0,
         }),
         ..Placement::default()
     }

@@ -226,6 +226,7 @@ fn default_min_groups() -> i32 {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.type == 'Divided' || (!has(self.divisionPreference) && !has(self.weightPreference))").message("replicaScheduling: divisionPreference and weightPreference apply only to type Divided"))]
+#[x_kube(validation = Rule::new("self.type == 'Divided' || !has(self.minPerCluster) || self.minPerCluster == 0").message("replicaScheduling: minPerCluster applies only to type Divided (Duplicated already runs spec.replicas in every cluster): set type Divided or remove minPerCluster"))]
 pub struct ReplicaScheduling {
     /// Duplicated: each chosen cluster gets spec.replicas. Divided: the replicas are
     /// shared out over the chosen clusters.
@@ -238,6 +239,18 @@ pub struct ReplicaScheduling {
     /// For Divided/Weighted: the weights. Without it every candidate has weight 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight_preference: Option<WeightPreference>,
+    /// For Divided: every selected cluster gets at least this many replicas before the
+    /// rest is divided by weight (Weighted) or aggregated (Aggregated). When spec.replicas
+    /// is too small for every selected cluster, the minimum goes to as many clusters as
+    /// the replicas allow, in weight order, and the binding says so. 0 (default) means
+    /// no minimum.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[schemars(range(min = 0))]
+    pub min_per_cluster: i32,
+}
+
+fn is_zero(value: &i32) -> bool {
+    *value == 0
 }
 
 /// Duplicated or Divided.

@@ -174,7 +174,7 @@ pub fn plan(
                 divisible,
                 stateful,
                 uid: &uid,
-                clusters: views,
+                clusters: &crate::hub::federation::placement::capacity::with_estimates(views, &placement, template),
                 current: &[],
                 now,
             };

@@ -179,6 +179,7 @@ pub fn policy(
         }
     }
     if let Some(scheduling) = &spec.placement.replica_scheduling {
+        problems.extend(min_per_cluster_problems(object, scheduling));
         if scheduling.type_ == ReplicaSchedulingType::Duplicated
             && (scheduling.division_preference.is_some() || scheduling.weight_preference.is_some())
         {
@@ -254,6 +255,27 @@ pub fn policy(
         }
     }
     problems
+}
+
+/// `replicaScheduling.minPerCluster`: not negative, and only for type Divided (under
+/// Duplicated every cluster already runs spec.replicas, so a minimum means nothing).
+fn min_per_cluster_problems(
+    object: &str,
+    scheduling: &crate::api::propagation_policy::ReplicaScheduling,
+) -> Vec<String> {
+    let field = "spec.placement.replicaScheduling.minPerCluster";
+    let minimum = scheduling.min_per_cluster;
+    if minimum < 0 {
+        vec![format!(
+            "{object}: {field} is {minimum}; it must be 0 (no minimum) or more"
+        )]
+    } else if minimum > 0 && scheduling.type_ == ReplicaSchedulingType::Duplicated {
+        vec![format!(
+            "{object}: {field} is {minimum} with type Duplicated, where every chosen cluster already runs spec.replicas; set type Divided to divide the replicas with a minimum per cluster, or remove minPerCluster"
+        )]
+    } else {
+        vec![]
+    }
 }
 
 /// MemberCluster rules: a Secret reference and DNS-label zone/region.
@@ -423,6 +445,7 @@ mod tests {
                 ],
                 dynamic_weight: None,
             }),
+            min_per_cluster: 0,
         });
         let problems = policy(object, &weighted, true, None);
         assert!(
@@ -465,6 +488,7 @@ mod tests {
                     .collect(),
                 dynamic_weight: None,
             }),
+            min_per_cluster: 0,
         });
         spec
     }
@@ -589,5 +613,31 @@ mod tests {
     fn statefulsets_need_a_service_name() {
         let sts = StatefulSet::default();
         assert!(statefulset("StatefulSet a/b", &sts)[0].contains("spec.serviceName is empty"));
+    }
+
+    #[test]
+    fn min_per_cluster_is_not_negative_and_only_for_divided() {
+        let with_minimum = |type_: &str, minimum: i64| -> PropagationSpec {
+            serde_json::from_value(serde_json::json!({
+                "resourceSelectors": [{"apiVersion": "apps/v1", "kind": "Deployment"}],
+                "placement": {"replicaScheduling": {"type": type_, "minPerCluster": minimum}}
+            }))
+            .unwrap()
+        };
+        assert!(policy("p", &with_minimum("Divided", 2), true, None).is_empty());
+        assert!(policy("p", &with_minimum("Duplicated", 0), true, None).is_empty());
+        let negative = policy("p", &with_minimum("Divided", -1), true, None);
+        assert_eq!(negative.len(), 1, "{negative:?}");
+        assert!(
+            negative[0].contains("spec.placement.replicaScheduling.minPerCluster is -1"),
+            "{negative:?}"
+        );
+        let duplicated = policy("p", &with_minimum("Duplicated", 2), true, None);
+        assert_eq!(duplicated.len(), 1, "{duplicated:?}");
+        assert!(
+            duplicated[0].contains("minPerCluster is 2 with type Duplicated")
+                && duplicated[0].contains("set type Divided"),
+            "{duplicated:?}"
+        );
     }
 }

@@ -8,6 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use crate::api::member_cluster::{TAINT_NOT_READY, TAINT_UNREACHABLE};
 use crate::api::propagation_policy::{PropagationSpec, StatefulFailover};
 use crate::api::{MemberCluster, find_condition, is_condition_true};
+use crate::hub::federation::placement::capacity::FreeResources;
 use crate::hub::federation::placement::{ClusterView, toleration_matches};
 use crate::hub::membership::taints::{HUB_TAINT_KEYS, is_hub_taint};
 use crate::hub::membership::zones::HubHealth;
@@ -29,6 +30,11 @@ pub fn cluster_view(cluster: &MemberCluster, assume_ready: bool) -> ClusterView 
         taints: cluster.spec.taints.clone(),
         ready,
         available_replicas: None,
+        capacity: cluster
+            .status
+            .as_ref()
+            .and_then(|s| s.capacity.as_ref())
+            .and_then(FreeResources::from_capacity),
     }
 }
 

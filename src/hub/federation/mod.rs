@@ -475,7 +475,23 @@ async fn drive(
 /// taints, labels, capacity) or the hub's frozen state does.
 async fn watch_views(context: Arc<Context>, shutdown: CancellationToken) {
     let mut board = context.state.board.subscribe();
-    let mut last = (context.views(), context.state.hub_health.load().frozen);
+    // Capacity changes whenever pods come and go in a member: they re-place templates
+    // only while some policy divides by it (placement::capacity::uses_capacity).
+    let observed = || {
+        let (policies, cluster_policies) = context.policies();
+        let mut views = context.views();
+        if !policies
+            .iter()
+            .any(|p| placement::capacity::uses_capacity(&p.spec.placement))
+            && !cluster_policies
+                .iter()
+                .any(|p| placement::capacity::uses_capacity(&p.spec.placement))
+        {
+            views.iter_mut().for_each(|v| v.capacity = None);
+        }
+        (views, context.state.hub_health.load().frozen)
+    };
+    let mut last = observed();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -483,7 +499,7 @@ async fn watch_views(context: Arc<Context>, shutdown: CancellationToken) {
             // The frozen state and member objects change without the board.
             _ = tokio::time::sleep(Duration::from_millis(500)) => {}
         }
-        let now = (context.views(), context.state.hub_health.load().frozen);
+        let now = observed();
         if now != last {
             if now.1 != last.1 {
                 tracing::warn!(

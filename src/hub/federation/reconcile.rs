@@ -380,8 +380,18 @@ async fn place_template(
     let (policies, cluster_policies) = context.policies();
     let candidates = candidates(&policies, &cluster_policies);
     let existing = binding.as_deref();
+    let full = candidates
+        .iter()
+        .any(|c| crate::hub::federation::placement::capacity::uses_capacity(&c.spec.placement))
+        .then(|| {
+            crate::hub::federation::context::full_template(
+                template,
+                context.bodies.get(key).as_deref(),
+            )
+        });
     let Some(mut desired) = desired_binding(
         template,
+        full.as_ref(),
         resource,
         &context.interpretation(key),
         &candidates,

@@ -24,7 +24,7 @@ use crate::hub::federation::kinds::{marks_fenced, placement_tolerations};
 use crate::hub::federation::matching::{
     PolicyCandidate, TemplateRef, choose_policy, policy_reference,
 };
-use crate::hub::federation::placement::{ClusterView, PlacementRequest, decide};
+use crate::hub::federation::placement::{ClusterView, PlacementRequest, capacity, decide};
 
 /// Field manager of the hub's scheduler.
 pub const FIELD_MANAGER: &str = "bulkhead-hub-scheduler";
@@ -120,6 +120,9 @@ pub fn scheduler_status(status: Option<&ResourceBindingStatus>) -> ResourceBindi
 #[allow(clippy::too_many_arguments)]
 pub fn desired_binding(
     template: &DynamicObject,
+    // The whole template (its body), when a policy divides by capacity: the per-replica
+    // requests are in the pod template, which the hub's store does not keep.
+    full: Option<&serde_json::Value>,
     resource: &ApiResource,
     interpretation: &Interpretation,
     candidates: &[PolicyCandidate],
@@ -151,13 +154,15 @@ pub fn desired_binding(
     let current = existing
         .map(|b| b.spec.clusters.clone())
         .unwrap_or_default();
+    // Dynamic weights and Aggregated: each member's room for this template's requests.
+    let estimated = capacity::with_estimates(clusters, &placement, full.unwrap_or(&template.data));
     let decision = decide(&PlacementRequest {
         placement: &placement,
         replicas,
         divisible,
         stateful,
         uid: &uid,
-        clusters,
+        clusters: &estimated,
         current: &current,
         now,
     });
@@ -192,11 +197,19 @@ pub fn desired_binding(
                 .iter()
                 .map(|t| format!("{}={}", t.name, t.replicas))
                 .collect();
-            (
-                true,
-                "Scheduled",
-                format!("placed on {}", chosen.join(", ")),
-            )
+            match &result.notice {
+                // Placed, but below the policy's minPerCluster: the numbers and the fix.
+                Some(notice) => (
+                    true,
+                    "MinPerClusterNotMet",
+                    format!("placed on {}; {notice}", chosen.join(", ")),
+                ),
+                None => (
+                    true,
+                    "Scheduled",
+                    format!("placed on {}", chosen.join(", ")),
+                ),
+            }
         }
         Err(reason) => (false, "Unschedulable", reason.clone()),
     };
@@ -311,6 +324,7 @@ mod tests {
         let now = jiff::Timestamp::from_second(1_800_000_000).unwrap();
         let desired = desired_binding(
             &template(6),
+            None,
             &deployments(),
             &crate::hub::federation::interpreter::Interpreters::built_in()
                 .get("apps/v1", "Deployment"),
@@ -364,6 +378,7 @@ mod tests {
         assert!(
             desired_binding(
                 &template(6),
+                None,
                 &deployments(),
                 &crate::hub::federation::interpreter::Interpreters::built_in()
                     .get("apps/v1", "Deployment"),
@@ -379,6 +394,7 @@ mod tests {
         let candidates = candidates_in("shop", &spec);
         let first = desired_binding(
             &template(6),
+            None,
             &deployments(),
             &crate::hub::federation::interpreter::Interpreters::built_in()
                 .get("apps/v1", "Deployment"),
@@ -393,6 +409,7 @@ mod tests {
         existing.status = Some(first.status.clone());
         let again = desired_binding(
             &template(6),
+            None,
             &deployments(),
             &crate::hub::federation::interpreter::Interpreters::built_in()
                 .get("apps/v1", "Deployment"),
@@ -428,6 +445,7 @@ mod tests {
         let now = jiff::Timestamp::from_second(1_800_000_000).unwrap();
         let desired = desired_binding(
             &template(6),
+            None,
             &deployments(),
             &crate::hub::federation::interpreter::Interpreters::built_in()
                 .get("apps/v1", "Deployment"),

@@ -181,8 +181,22 @@ impl Ord for Seat<'_, '_> {
     }
 }
 
-/// The division itself, over parties with precomputed hashes.
+/// The division itself, over parties with precomputed hashes (no minimum beyond the
+/// guaranteed first seat).
 pub(crate) fn divide(total: u32, parties: &[Party<'_>]) -> Vec<u32> {
+    divide_with_minimum(total, parties, 0)
+}
+
+/// The division with `minPerCluster`: every positive weight gets `minimum` seats before
+/// anyone gets a later seat, and the later seats follow Webster's sequence from there
+/// (the divisor method with lower bounds: a cluster ends with the larger of `minimum` and
+/// its Webster share at the common divisor). When `total` is too small for every floor,
+/// the floors are handed out whole, one cluster after the other, in first-seat order
+/// (largest weight first, ties as for every seat), and the last cluster reached gets what
+/// is left. All of it is one fixed order of seats, so the shares for `total` are a prefix
+/// of it: monotone in the total, whatever `minimum` is. `minimum` 0 and 1 are the same
+/// division (the first seat is always guaranteed).
+pub(crate) fn divide_with_minimum(total: u32, parties: &[Party<'_>], minimum: u32) -> Vec<u32> {
     let mut seats = vec![0u32; parties.len()];
     let positive: Vec<usize> = (0..parties.len())
         .filter(|&i| parties[i].weight > 0)
@@ -190,49 +204,52 @@ pub(crate) fn divide(total: u32, parties: &[Party<'_>]) -> Vec<u32> {
     if total == 0 || positive.is_empty() {
         return seats;
     }
+    let floor = minimum.max(1);
     let total_u64 = u64::from(total);
-    let positive_count = positive.len() as u64;
+    let floors = u64::from(floor) * positive.len() as u64;
 
-    // Fewer replicas than positive weights: the first seats, largest weights first.
-    if total_u64 <= positive_count {
+    // Too few replicas for every floor: whole floors in first-seat order, largest weights
+    // first, and the rest to the next cluster.
+    if total_u64 <= floors {
         let mut first: Vec<Seat<'_, '_>> =
             positive.iter().map(|&i| Seat::of(parties, i, 0)).collect();
-        let take = total as usize;
-        if take < first.len() {
-            first.select_nth_unstable_by(take - 1, |a, b| b.cmp(a));
+        let full = (total / floor) as usize;
+        let rest = total % floor;
+        // `full < first.len()` here unless every floor fits exactly.
+        if full < first.len() {
+            first.select_nth_unstable_by(full, |a, b| b.cmp(a));
+            if rest > 0 {
+                seats[first[full].index] = rest;
+            }
         }
-        for seat in &first[..take] {
-            seats[seat.index] = 1;
+        for seat in &first[..full.min(first.len())] {
+            seats[seat.index] = floor;
         }
         return seats;
     }
 
-    // Every positive weight has its first seat; `remaining` later seats follow.
-    let remaining = total_u64 - positive_count;
+    // Every positive weight has its floor; `remaining` later seats follow.
+    let remaining = total_u64 - floors;
     let weight_sum: u128 = positive
         .iter()
         .map(|&i| u128::from(parties[i].weight))
         .sum();
-    // Divisor estimate: the later seats whose priority w/(2k+1) is strictly above
+    // Divisor estimate: the seats whose priority w/(2k+1) is strictly above
     // λ = W/(2·total). Strictly above an exact threshold is a prefix of the seat order.
     let mut handed: u64 = 0;
     for &i in &positive {
         let scaled = 2 * u128::from(total) * u128::from(parties[i].weight);
-        // Largest m with m·W < scaled; later seats k >= 1 have odd divisors 3..=m. In u64
+        // Largest d with d·W < scaled; seats k >= 0 with 2k+1 <= d are above λ. In u64
         // when the numbers fit (nearly always): a u128 division is a slow library call.
         let largest_divisor = match (u64::try_from(scaled), u64::try_from(weight_sum)) {
             (Ok(scaled), Ok(weight_sum)) => u128::from((scaled - 1) / weight_sum),
             _ => (scaled - 1) / weight_sum,
         };
-        // Below total (quota 2·total·w/W halved), so `1 + later` fits in u32. Not capped at
-        // `remaining`: a capped set would no longer be a prefix of the seat order.
-        let later = if largest_divisor >= 3 {
-            ((largest_divisor - 1) / 2) as u64
-        } else {
-            0
-        };
-        seats[i] = 1 + later as u32;
-        handed += later;
+        // At most about total (quota 2·total·w/W halved), so it fits in u32. Not capped
+        // at `remaining`: a capped set would no longer be a prefix of the seat order.
+        let above = largest_divisor.div_ceil(2) as u32;
+        seats[i] = above.max(floor);
+        handed += u64::from(seats[i] - floor);
     }
 
     match handed.cmp(&remaining) {
@@ -251,16 +268,16 @@ pub(crate) fn divide(total: u32, parties: &[Party<'_>]) -> Vec<u32> {
             }
         }
         Ordering::Greater => {
-            // Take back the worst later seats handed out.
+            // Take back the worst later seats handed out (never a floor seat).
             let mut last: BinaryHeap<Reverse<Seat<'_, '_>>> = positive
                 .iter()
-                .filter(|&&i| seats[i] >= 2)
+                .filter(|&&i| seats[i] > floor)
                 .map(|&i| Reverse(Seat::of(parties, i, u64::from(seats[i]) - 1)))
                 .collect();
             for _ in remaining..handed {
                 let Reverse(worst) = last.pop().expect("more later seats than needed");
                 seats[worst.index] -= 1;
-                if seats[worst.index] >= 2 {
+                if seats[worst.index] > floor {
                     last.push(Reverse(Seat::of(
                         parties,
                         worst.index,
@@ -283,10 +300,23 @@ pub(crate) struct Bin {
     pub required: bool,
 }
 
-/// Fills `bins` (already in preference order) with `total` replicas, as few bins as
-/// possible: every required bin gets one replica first, then bins are filled up to their
-/// capacity in order. Returns the shares, or the number of replicas that did not fit.
+/// [`fill_aggregated_with_minimum`] without a minimum.
+#[cfg(test)]
 pub(crate) fn fill_aggregated(total: u32, bins: &[Bin]) -> Result<Vec<u32>, u64> {
+    fill_aggregated_with_minimum(total, bins, 0)
+}
+
+/// Fills `bins` (already in preference order) with `total` replicas, as few bins as
+/// possible: every required bin gets one replica first, then every bin is topped up to
+/// `minimum` (or its capacity, if smaller) in order, then bins are filled up to their
+/// capacity in order. Each step hands out a prefix of one fixed order of replicas, so
+/// the shares grow with `total`. Returns the shares, or the number of replicas that did
+/// not fit.
+pub(crate) fn fill_aggregated_with_minimum(
+    total: u32,
+    bins: &[Bin],
+    minimum: u32,
+) -> Result<Vec<u32>, u64> {
     let mut shares = vec![0u32; bins.len()];
     let mut left = u64::from(total);
     for (share, bin) in shares.iter_mut().zip(bins) {
@@ -295,18 +325,22 @@ pub(crate) fn fill_aggregated(total: u32, bins: &[Bin]) -> Result<Vec<u32>, u64>
             left -= 1;
         }
     }
-    for (share, bin) in shares.iter_mut().zip(bins) {
-        if left == 0 {
-            break;
+    let mut fill = |limit: &dyn Fn(&Bin) -> u64, shares: &mut [u32]| {
+        for (share, bin) in shares.iter_mut().zip(bins) {
+            if left == 0 {
+                break;
+            }
+            let room = limit(bin).saturating_sub(u64::from(*share));
+            let given = room.min(left);
+            *share += given as u32;
+            left -= given;
         }
-        let room = match bin.capacity {
-            Some(capacity) => capacity.saturating_sub(u64::from(*share)),
-            None => left,
-        };
-        let given = room.min(left);
-        *share += given as u32;
-        left -= given;
+    };
+    let capacity = |bin: &Bin| bin.capacity.unwrap_or(u64::MAX);
+    if minimum > 0 {
+        fill(&|bin| capacity(bin).min(u64::from(minimum)), &mut shares);
     }
+    fill(&capacity, &mut shares);
     if left == 0 { Ok(shares) } else { Err(left) }
 }
 
@@ -315,13 +349,17 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// The textbook definition: hand out seats one at a time to the best next seat.
-    fn divide_seat_by_seat(total: u32, weights: &[(&str, u64)], uid: &str) -> Vec<u32> {
+    fn parties<'a>(weights: &[(&'a str, u64)], uid: &str) -> Vec<Party<'a>> {
         let prefix = stable_hash_prefix(uid);
-        let parties: Vec<Party<'_>> = weights
+        weights
             .iter()
             .map(|&(name, weight)| Party::new(name, weight, prefix))
-            .collect();
+            .collect()
+    }
+
+    /// The textbook definition: hand out seats one at a time to the best next seat.
+    fn divide_seat_by_seat(total: u32, weights: &[(&str, u64)], uid: &str) -> Vec<u32> {
+        let parties = parties(weights, uid);
         let mut seats = vec![0u32; parties.len()];
         if parties.iter().all(|p| p.weight == 0) {
             return seats;
@@ -335,6 +373,105 @@ mod tests {
             seats[best.index] += 1;
         }
         seats
+    }
+
+    /// The definition with a minimum: floors one cluster after the other in first-seat
+    /// order, then Webster's seats by priority.
+    fn divide_seat_by_seat_with_minimum(
+        total: u32,
+        weights: &[(&str, u64)],
+        uid: &str,
+        minimum: u32,
+    ) -> Vec<u32> {
+        let parties = parties(weights, uid);
+        let floor = minimum.max(1);
+        let mut seats = vec![0u32; parties.len()];
+        if parties.iter().all(|p| p.weight == 0) {
+            return seats;
+        }
+        for _ in 0..total {
+            let filling = (0..parties.len())
+                .filter(|&i| parties[i].weight > 0 && seats[i] < floor)
+                .map(|i| Seat::of(&parties, i, 0))
+                .max();
+            let best = filling.unwrap_or_else(|| {
+                (0..parties.len())
+                    .filter(|&i| parties[i].weight > 0)
+                    .map(|i| Seat::of(&parties, i, u64::from(seats[i])))
+                    .max()
+                    .unwrap()
+            });
+            seats[best.index] += 1;
+        }
+        seats
+    }
+
+    fn divide_by_weight_with_minimum(
+        total: u32,
+        weights: &[(&str, u64)],
+        uid: &str,
+        minimum: u32,
+    ) -> Vec<u32> {
+        divide_with_minimum(total, &parties(weights, uid), minimum)
+    }
+
+    #[test]
+    fn a_minimum_comes_first_then_webster_continues() {
+        let weights = [("big", 3), ("small", 1)];
+        // 8 replicas, minimum 2: 2 + 2 first, then the later seats by 3/5, 1/5, 3/7, ...
+        assert_eq!(
+            divide_by_weight_with_minimum(8, &weights, "u", 2),
+            vec![6, 2]
+        );
+        // Webster alone would give small 2 of 8 too, but only 1 of 5; with minimum 2 it
+        // keeps 2.
+        assert_eq!(divide_by_weight(5, &weights, "u"), vec![4, 1]);
+        assert_eq!(
+            divide_by_weight_with_minimum(5, &weights, "u", 2),
+            vec![3, 2]
+        );
+    }
+
+    #[test]
+    fn too_few_replicas_for_every_minimum_fill_whole_minimums_by_weight() {
+        let weights = [("a", 1), ("b", 5), ("c", 3)];
+        assert_eq!(
+            divide_by_weight_with_minimum(5, &weights, "u", 2),
+            vec![1, 2, 2]
+        );
+        assert_eq!(
+            divide_by_weight_with_minimum(3, &weights, "u", 2),
+            vec![0, 2, 1]
+        );
+        assert_eq!(
+            divide_by_weight_with_minimum(1, &weights, "u", 3),
+            vec![0, 1, 0]
+        );
+        assert_eq!(
+            divide_by_weight_with_minimum(6, &weights, "u", 2),
+            vec![2, 2, 2]
+        );
+    }
+
+    #[test]
+    fn minimum_zero_and_one_are_the_plain_division() {
+        let names = names(5);
+        let weights: Vec<(&str, u64)> = names
+            .iter()
+            .map(String::as_str)
+            .zip([7, 1, 0, 3, 3])
+            .collect();
+        for total in 0..40 {
+            let plain = divide_by_weight(total, &weights, "grid");
+            assert_eq!(
+                divide_by_weight_with_minimum(total, &weights, "grid", 0),
+                plain
+            );
+            assert_eq!(
+                divide_by_weight_with_minimum(total, &weights, "grid", 1),
+                plain
+            );
+        }
     }
 
     fn names(count: usize) -> Vec<String> {
@@ -557,22 +694,6 @@ mod tests {
         }
 
         #[test]
-        fn raising_a_weight_never_lowers_that_share(
-            weights in weights_strategy().prop_filter("non-empty", |w| !w.is_empty()),
-            index in any::<prop::sample::Index>(),
-            raise in 1u64..50,
-            total in 0u32..300,
-        ) {
-            let names = names(weights.len());
-            let who = index.index(weights.len());
-            let mut raised = weights.clone();
-            raised[who] = raised[who].saturating_add(raise);
-            let before = divide_by_weight(total, &named(&names, &weights), "uid");
-            let after = divide_by_weight(total, &named(&names, &raised), "uid");
-            prop_assert!(after[who] >= before[who], "{:?} -> {:?}: {:?} -> {:?}", weights, raised, before, after);
-        }
-
-        #[test]
         fn deterministic(weights in weights_strategy(), total in 0u32..1_000, uid in "[a-z0-9-]{0,36}") {
             let names = names(weights.len());
             let weights = named(&names, &weights);
@@ -598,6 +719,104 @@ mod tests {
                 if *weight > 0 {
                     prop_assert!(*share >= 1, "{:?} -> {:?}", weights, shares);
                 }
+            }
+        }
+
+        #[test]
+        fn with_a_minimum_equals_the_seat_by_seat_definition(weights in weights_strategy(), total in 0u32..200, minimum in 0u32..8, uid in "[a-z0-9]{1,8}") {
+            let names = names(weights.len());
+            let weights = named(&names, &weights);
+            prop_assert_eq!(
+                divide_by_weight_with_minimum(total, &weights, &uid, minimum),
+                divide_seat_by_seat_with_minimum(total, &weights, &uid, minimum)
+            );
+        }
+
+        #[test]
+        fn every_positive_weight_gets_the_minimum_when_the_total_allows(weights in weights_strategy(), minimum in 0u32..8, extra in 0u32..100, uid in "[a-z0-9]{1,8}") {
+            let names = names(weights.len());
+            let positive = weights.iter().filter(|&&w| w > 0).count() as u32;
+            let total = positive * minimum + extra;
+            let shares = divide_by_weight_with_minimum(total, &named(&names, &weights), &uid, minimum);
+            if positive > 0 {
+                prop_assert_eq!(shares.iter().map(|&s| u64::from(s)).sum::<u64>(), u64::from(total));
+            }
+            for (share, weight) in shares.iter().zip(&weights) {
+                if *weight > 0 {
+                    prop_assert!(*share >= minimum, "{:?} -> {:?}", weights, shares);
+                } else {
+                    prop_assert_eq!(*share, 0);
+                }
+            }
+        }
+
+        #[test]
+        fn with_a_minimum_sums_to_the_total_and_is_monotone(weights in weights_strategy(), total in 0u32..300, minimum in 0u32..10, uid in "[a-z0-9]{1,8}") {
+            let names = names(weights.len());
+            let weights = named(&names, &weights);
+            let before = divide_by_weight_with_minimum(total, &weights, &uid, minimum);
+            let after = divide_by_weight_with_minimum(total + 1, &weights, &uid, minimum);
+            if weights.iter().any(|&(_, w)| w > 0) {
+                prop_assert_eq!(before.iter().map(|&s| u64::from(s)).sum::<u64>(), u64::from(total));
+            }
+            for (b, a) in before.iter().zip(&after) {
+                prop_assert!(a >= b, "total {} -> {}: {:?} -> {:?}", total, total + 1, before, after);
+            }
+            // Below the minimum only where the total ran out: at most one cluster holds a
+            // partial minimum, and only when not every positive weight got its minimum.
+            let partial = before.iter().filter(|&&s| s > 0 && s < minimum).count();
+            prop_assert!(partial <= 1, "{:?}", before);
+        }
+
+        #[test]
+        fn raising_a_weight_never_lowers_that_share(
+            weights in weights_strategy().prop_filter("non-empty", |w| !w.is_empty()),
+            index in any::<prop::sample::Index>(),
+            raise in 1u64..50,
+            total in 0u32..300,
+            minimum in 0u32..8,
+        ) {
+            let names = names(weights.len());
+            let who = index.index(weights.len());
+            let mut raised = weights.clone();
+            raised[who] = raised[who].saturating_add(raise);
+            let before = divide_by_weight_with_minimum(total, &named(&names, &weights), "uid", minimum);
+            let after = divide_by_weight_with_minimum(total, &named(&names, &raised), "uid", minimum);
+            prop_assert!(after[who] >= before[who], "{:?} -> {:?}: {:?} -> {:?}", weights, raised, before, after);
+        }
+
+        #[test]
+        fn aggregated_with_a_minimum_is_monotone_and_meets_the_minimum(
+            capacities in prop::collection::vec(prop::option::of(0u64..20), 0..8),
+            required in prop::collection::vec(any::<bool>(), 8),
+            total in 0u32..120,
+            minimum in 0u32..6,
+        ) {
+            let bins: Vec<Bin> = capacities
+                .iter()
+                .zip(&required)
+                .map(|(&capacity, &required)| Bin { capacity, required })
+                .collect();
+            let before = fill_aggregated_with_minimum(total, &bins, minimum);
+            let after = fill_aggregated_with_minimum(total + 1, &bins, minimum);
+            if let (Ok(before), Ok(after)) = (&before, &after) {
+                prop_assert_eq!(before.iter().map(|&s| u64::from(s)).sum::<u64>(), u64::from(total));
+                for (b, a) in before.iter().zip(after) {
+                    prop_assert!(a >= b, "{:?} -> {:?}", before, after);
+                }
+                let floors: u64 = bins
+                    .iter()
+                    .map(|b| b.capacity.unwrap_or(u64::MAX).min(u64::from(minimum)))
+                    .sum();
+                if u64::from(total) >= floors {
+                    for (share, bin) in before.iter().zip(&bins) {
+                        let floor = bin.capacity.unwrap_or(u64::MAX).min(u64::from(minimum));
+                        prop_assert!(u64::from(*share) >= floor, "{:?} {:?}", bins, before);
+                    }
+                }
+            }
+            if minimum == 0 {
+                prop_assert_eq!(before, fill_aggregated(total, &bins));
             }
         }
 

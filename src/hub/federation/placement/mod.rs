@@ -12,6 +12,7 @@
 //! 5. explanation (`reason.rs`): one [`ClusterDecision`] per known cluster.
 
 mod candidates;
+pub mod capacity;
 mod divide;
 mod reason;
 mod spread;
@@ -48,8 +49,12 @@ pub struct ClusterView {
     /// The MemberCluster's Ready condition is True.
     pub ready: bool,
     /// Estimated replicas of this template the cluster can still fit (for dynamic weights
-    /// and Aggregated); None = unknown.
+    /// and Aggregated); None = unknown. Filled per template from `capacity` by
+    /// [`capacity::with_estimates`].
     pub available_replicas: Option<i64>,
+    /// What the member has free (allocatable minus requested), from its
+    /// `status.capacity`; None = not reported.
+    pub capacity: Option<capacity::FreeResources>,
 }
 
 /// One placement question: a template's policy placement, replica count and the clusters.
@@ -85,6 +90,9 @@ pub struct PlacementResult {
     pub decisions: Vec<ClusterDecision>,
     /// `Err(reason)` when no placement satisfies the policy (for `Scheduled=False`).
     pub scheduled: Result<(), String>,
+    /// Scheduled, but not as the policy asked: `minPerCluster` needs more replicas than
+    /// the template has. Says the numbers and the fix (for the `Scheduled` message).
+    pub notice: Option<String>,
 }
 
 /// How replicas are scheduled, resolved from the policy and the kind.
@@ -96,6 +104,18 @@ pub(crate) enum Mode {
 }
 
 impl Mode {
+    /// `minPerCluster` for Divided placements (0 = none; Duplicated has none).
+    fn minimum(self, request: &PlacementRequest<'_>) -> u32 {
+        match self {
+            Mode::Duplicated => 0,
+            Mode::Weighted { .. } | Mode::Aggregated => request
+                .placement
+                .replica_scheduling
+                .as_ref()
+                .map_or(0, |s| u32::try_from(s.min_per_cluster).unwrap_or(0)),
+        }
+    }
+
     fn of(request: &PlacementRequest<'_>) -> Mode {
         let Some(scheduling) = request.placement.replica_scheduling.as_ref() else {
             return Mode::Duplicated;
@@ -190,6 +210,20 @@ pub struct Decision<'a> {
     mode: Mode,
     total: u32,
     scheduled: Result<(), String>,
+    /// `minPerCluster`, 0 when unset or not Divided.
+    minimum: u32,
+    /// The selected clusters' floors did not all fit in the total.
+    shortfall: Option<Shortfall>,
+}
+
+/// `minPerCluster` asks for more replicas than the template has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Shortfall {
+    pub minimum: u32,
+    /// Clusters that take part in the division (positive weight, or every candidate for
+    /// Aggregated).
+    pub clusters: usize,
+    pub replicas: u32,
 }
 
 /// Decides one placement without rendering the reasons; see [`place`].
@@ -231,12 +265,28 @@ pub fn decide<'a>(request: &PlacementRequest<'a>) -> Decision<'a> {
         })
         .collect();
 
-    let scheduled = schedule(request, mode, total, &current, &mut slots);
+    let minimum = mode.minimum(request);
+    let scheduled = schedule(request, mode, total, minimum, &current, &mut slots);
+    let shortfall = (scheduled.is_ok() && minimum > 0 && total > 0)
+        .then(|| {
+            let clusters = slots
+                .iter()
+                .filter(|s| s.is_candidate() && (mode == Mode::Aggregated || s.weight > 0))
+                .count();
+            Shortfall {
+                minimum,
+                clusters,
+                replicas: total,
+            }
+        })
+        .filter(|s| u64::from(s.replicas) < u64::from(s.minimum) * s.clusters as u64);
     Decision {
         slots,
         mode,
         total,
         scheduled,
+        minimum,
+        shortfall,
     }
 }
 
@@ -245,6 +295,7 @@ fn schedule(
     request: &PlacementRequest<'_>,
     mode: Mode,
     total: u32,
+    minimum: u32,
     current: &CurrentReplicas<'_>,
     slots: &mut [Slot<'_>],
 ) -> Result<(), String> {
@@ -274,8 +325,15 @@ fn schedule(
         let targets = (!list.is_empty()).then(|| candidates::WeightTargets::new(list));
         let mut values = Vec::new();
         for slot in slots.iter_mut().filter(|s| s.is_candidate()) {
-            (slot.weight, slot.weight_source) =
-                weight_of(slot.cluster, list, targets.as_ref(), &mut values, dynamic);
+            let held = || current.get(&slot.cluster.name);
+            (slot.weight, slot.weight_source) = weight_of(
+                slot.cluster,
+                list,
+                targets.as_ref(),
+                &mut values,
+                dynamic,
+                held,
+            );
         }
     }
 
@@ -296,24 +354,29 @@ fn schedule(
                 slot.replicas = slot.cap.map_or(total, |cap| cap.min(total));
             }
         }
-        Mode::Weighted { .. } => divide_weighted(request.uid, total, slots)?,
-        Mode::Aggregated => fill_aggregated(total, current, &groups, slots)?,
+        Mode::Weighted { .. } => divide_weighted(request.uid, total, minimum, slots)?,
+        Mode::Aggregated => fill_aggregated(total, minimum, current, &groups, slots)?,
     }
     spread::check_after_division(&groups, slots, total)
 }
 
 /// The weight of a candidate and where it came from. `targets` is the prepared
-/// staticWeightList (None when there is none); `values` is its scratch space.
+/// staticWeightList (None when there is none); `values` is its scratch space. A dynamic
+/// weight is the template's room in the cluster: what still fits plus what it holds now
+/// (as Aggregated counts room), so the division does not move replicas because its own
+/// replicas filled the cluster.
 fn weight_of<'c>(
     cluster: &'c ClusterView,
     list: &[StaticClusterWeight],
     targets: Option<&candidates::WeightTargets<'_>>,
     values: &mut Vec<Option<&'c str>>,
     dynamic: bool,
+    held: impl Fn() -> i32,
 ) -> (u64, WeightSource) {
     if dynamic && let Some(available) = cluster.available_replicas {
+        let held = u64::try_from(held()).unwrap_or(0);
         return (
-            u64::try_from(available).unwrap_or(0),
+            u64::try_from(available).unwrap_or(0).saturating_add(held),
             WeightSource::Available,
         );
     }
@@ -339,7 +402,12 @@ fn weight_of<'c>(
     (weight, source)
 }
 
-fn divide_weighted(uid: &str, total: u32, slots: &mut [Slot<'_>]) -> Result<(), String> {
+fn divide_weighted(
+    uid: &str,
+    total: u32,
+    minimum: u32,
+    slots: &mut [Slot<'_>],
+) -> Result<(), String> {
     let prefix = divide::stable_hash_prefix(uid);
     let mut members = Vec::with_capacity(slots.len());
     let mut parties = Vec::with_capacity(slots.len());
@@ -352,7 +420,7 @@ fn divide_weighted(uid: &str, total: u32, slots: &mut [Slot<'_>]) -> Result<(), 
     if parties.iter().all(|p| p.weight == 0) {
         return Err("no candidate cluster has a positive weight".to_string());
     }
-    let mut shares = divide::divide(total, &parties);
+    let mut shares = divide::divide_with_minimum(total, &parties, minimum);
     // A kept cluster gets at most what it holds; its surplus goes to the others by the
     // same division. Fixing a capped cluster only raises the others' shares (house
     // monotone), so each round caps at least one more cluster and this ends.
@@ -393,7 +461,10 @@ fn divide_weighted(uid: &str, total: u32, slots: &mut [Slot<'_>]) -> Result<(), 
                 kept.join(", ")
             ));
         }
-        for (&i, share) in open.iter().zip(divide::divide(left, &rest)) {
+        for (&i, share) in open
+            .iter()
+            .zip(divide::divide_with_minimum(left, &rest, minimum))
+        {
             shares[i] = share;
         }
     }
@@ -406,9 +477,11 @@ fn divide_weighted(uid: &str, total: u32, slots: &mut [Slot<'_>]) -> Result<(), 
 /// Divided/Aggregated: as few clusters as possible. Preference: clusters that hold
 /// replicas now, then the most room (available replicas plus what the cluster holds;
 /// unknown = unlimited), then name. One cluster per missing spread group is required
-/// first, so minGroups holds.
+/// first, so minGroups holds; then every candidate gets `minimum` (minPerCluster) in that
+/// order, then the fill.
 fn fill_aggregated(
     total: u32,
+    minimum: u32,
     current: &CurrentReplicas<'_>,
     groups: &[Groups<'_>],
     slots: &mut [Slot<'_>],
@@ -466,7 +539,7 @@ fn fill_aggregated(
             required: brings_new_group,
         });
     }
-    match divide::fill_aggregated(total, &bins) {
+    match divide::fill_aggregated_with_minimum(total, &bins, minimum) {
         Ok(shares) => {
             for (&(index, _), share) in order.iter().zip(shares) {
                 slots[index].replicas = share;
@@ -596,7 +669,16 @@ impl Decision<'_> {
                 .count(),
             selected: self.slots.iter().filter(|s| self.is_selected(s)).count(),
             error: self.scheduled.as_ref().err().map(String::as_str),
+            minimum: self.minimum,
+            shortfall: self.shortfall,
         }
+    }
+
+    /// Scheduled, but `minPerCluster` could not be met everywhere: what happened and the
+    /// fix, for the binding's `Scheduled` condition.
+    pub fn notice(&self) -> Option<String> {
+        self.shortfall
+            .map(|shortfall| reason::shortfall_notice(shortfall, self.mode))
     }
 
     /// Targets, decisions and the scheduling result, in one pass.
@@ -621,6 +703,7 @@ impl Decision<'_> {
             });
         }
         PlacementResult {
+            notice: self.notice(),
             targets,
             decisions,
             scheduled: self.scheduled,

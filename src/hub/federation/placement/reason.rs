@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::Taint;
 
 use super::candidates::{Admission, Exclusion, Kept, Mismatch};
 use super::spread::{field_name, group_key};
-use super::{Mode, Slot, State, StaticSource, WeightSource};
+use super::{Mode, Shortfall, Slot, State, StaticSource, WeightSource};
 
 /// What every row's reason may refer to.
 pub(crate) struct Context<'a> {
@@ -17,6 +17,57 @@ pub(crate) struct Context<'a> {
     pub selected: usize,
     /// Why the placement is unschedulable, if it is.
     pub error: Option<&'a str>,
+    /// `minPerCluster` (0 = none).
+    pub minimum: u32,
+    /// The floors did not all fit in the total.
+    pub shortfall: Option<Shortfall>,
+}
+
+/// What `minPerCluster` did when the replicas were too few, and how to fix it.
+pub(crate) fn shortfall_notice(shortfall: Shortfall, mode: Mode) -> String {
+    let Shortfall {
+        minimum,
+        clusters,
+        replicas,
+    } = shortfall;
+    let needed = u64::from(minimum) * clusters as u64;
+    let full = replicas / minimum;
+    let rest = replicas % minimum;
+    let order = if mode == Mode::Aggregated {
+        "in aggregated preference order"
+    } else {
+        "largest weight first"
+    };
+    let mut out = format!(
+        "replicaScheduling.minPerCluster {minimum} needs {needed} replicas for the {clusters} selected clusters, but spec.replicas is {replicas}: {full} {} got {minimum}{} ({order})",
+        if full == 1 { "cluster" } else { "clusters" },
+        if full == 1 { "" } else { " each" },
+    );
+    if rest > 0 {
+        out.push_str(&format!(
+            " and 1 got the remaining {}",
+            plural_replicas(rest)
+        ));
+    }
+    out.push_str(&format!("; to meet it, raise spec.replicas to {needed}"));
+    let lower = replicas / clusters as u32;
+    if lower >= 1 {
+        out.push_str(&format!(", lower minPerCluster to {lower}"));
+    } else {
+        out.push_str(", remove minPerCluster");
+    }
+    if full >= 1 {
+        out.push_str(&format!(
+            ", or limit the clusters to {full} (spreadConstraints: spreadByField cluster, maxGroups {full})"
+        ));
+    }
+    out
+}
+
+fn plural_replicas(count: u32) -> String {
+    let mut out = String::new();
+    push_replicas(&mut out, count);
+    out
 }
 
 /// The reason for one cluster.
@@ -165,6 +216,10 @@ fn candidate(out: &mut String, slot: &Slot<'_>, context: &Context<'_>) {
                 _ => "the staticWeightList entry says 0",
             });
         }
+        Mode::Weighted { .. } if slot.replicas == 0 && context.shortfall.is_some() => {
+            push_weight(out, slot);
+            push_shortfall_none(out, context);
+        }
         Mode::Weighted { .. } if slot.replicas == 0 => {
             push_weight(out, slot);
             out.push_str(" but ");
@@ -178,6 +233,11 @@ fn candidate(out: &mut String, slot: &Slot<'_>, context: &Context<'_>) {
             push_weight(out, slot);
             out.push_str(", ");
             push_share(out, slot.replicas, total);
+            push_below_minimum(out, slot, context);
+        }
+        Mode::Aggregated if slot.replicas == 0 && context.shortfall.is_some() => {
+            out.push_str("candidate");
+            push_shortfall_none(out, context);
         }
         Mode::Aggregated if slot.replicas == 0 => {
             out.push_str("not needed: aggregated placement fits ");
@@ -196,8 +256,36 @@ fn candidate(out: &mut String, slot: &Slot<'_>, context: &Context<'_>) {
             if slot.holds_replicas {
                 out.push_str(" (already holds replicas)");
             }
+            push_below_minimum(out, slot, context);
         }
     }
+}
+
+/// A cluster the floors did not reach: ` but minPerCluster 2 with 5 replicas reaches
+/// only 3 of 4 clusters; no replicas`.
+fn push_shortfall_none(out: &mut String, context: &Context<'_>) {
+    let Some(shortfall) = context.shortfall else {
+        return;
+    };
+    out.push_str(" but minPerCluster ");
+    push_int(out, i64::from(shortfall.minimum));
+    out.push_str(" with ");
+    push_replicas(out, shortfall.replicas);
+    out.push_str(" reaches only ");
+    push_int(out, context.selected as i64);
+    out.push_str(" of ");
+    push_int(out, shortfall.clusters as i64);
+    out.push_str(" clusters; no replicas");
+}
+
+/// A selected cluster with fewer than minPerCluster replicas: why.
+fn push_below_minimum(out: &mut String, slot: &Slot<'_>, context: &Context<'_>) {
+    if slot.replicas >= context.minimum || context.shortfall.is_none() || slot.cap.is_some() {
+        return;
+    }
+    out.push_str(" (below minPerCluster ");
+    push_int(out, i64::from(context.minimum));
+    out.push_str(": not enough replicas for every cluster)");
 }
 
 fn push_weight(out: &mut String, slot: &Slot<'_>) {

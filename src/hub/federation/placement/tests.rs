@@ -29,6 +29,7 @@ fn cluster(name: &str, zone: &str) -> ClusterView {
         taints: vec![],
         ready: true,
         available_replicas: None,
+        capacity: None,
     }
 }
 
@@ -84,6 +85,7 @@ fn divided(preference: Option<DivisionPreference>, weights: Option<WeightPrefere
             type_: ReplicaSchedulingType::Divided,
             division_preference: preference,
             weight_preference: weights,
+            min_per_cluster: 0,
         }),
         ..Placement::default()
     }
@@ -1338,4 +1340,289 @@ fn no_execute_evicts_stateless_placements_and_never_stateful_ones() {
     // Not placed yet: a stateful template does not go there either.
     let fresh = run_stateful(&placement, 2, &clusters, &[]);
     assert_eq!(targets(&fresh), [("west", 2)]);
+}
+
+// ---- minPerCluster ----
+
+fn with_minimum(mut placement: Placement, minimum: i32) -> Placement {
+    placement
+        .replica_scheduling
+        .as_mut()
+        .expect("a Divided placement")
+        .min_per_cluster = minimum;
+    placement
+}
+
+#[test]
+fn min_per_cluster_gives_every_selected_cluster_the_minimum_first() {
+    // Without a minimum, 3:1:1 of 5 is 3/1/1; with minPerCluster 2 and 7 replicas every
+    // cluster has 2 and the last replica goes by weight.
+    let placement = weighted(&[("east", 3), ("north", 1), ("west", 1)]);
+    let result = run(&with_minimum(placement, 2), 7, &three());
+    assert_eq!(result.scheduled, Ok(()));
+    assert_eq!(result.notice, None);
+    assert_eq!(targets(&result), [("east", 3), ("north", 2), ("west", 2)]);
+    assert_eq!(
+        reason(&result, "north"),
+        "selected: weight 1, 2 of 7 replicas"
+    );
+}
+
+#[test]
+fn min_per_cluster_with_too_few_replicas_says_so_and_fills_by_weight() {
+    let placement = with_minimum(weighted(&[("east", 3), ("north", 1), ("west", 2)]), 2);
+    let result = run(&placement, 5, &three());
+    assert_eq!(result.scheduled, Ok(()));
+    // east (3) and west (2) get the minimum, north the one replica left.
+    assert_eq!(targets(&result), [("east", 2), ("north", 1), ("west", 2)]);
+    assert_eq!(
+        result.notice.as_deref(),
+        Some(
+            "replicaScheduling.minPerCluster 2 needs 6 replicas for the 3 selected clusters, but spec.replicas is 5: 2 clusters got 2 each (largest weight first) and 1 got the remaining 1 replica; to meet it, raise spec.replicas to 6, lower minPerCluster to 1, or limit the clusters to 2 (spreadConstraints: spreadByField cluster, maxGroups 2)"
+        )
+    );
+    assert_eq!(
+        reason(&result, "north"),
+        "selected: weight 1, 1 of 5 replicas (below minPerCluster 2: not enough replicas for every cluster)"
+    );
+    assert_eq!(
+        reason(&result, "east"),
+        "selected: weight 3, 2 of 5 replicas"
+    );
+
+    let result = run(&placement, 3, &three());
+    assert_eq!(targets(&result), [("east", 2), ("west", 1)]);
+    assert_eq!(
+        reason(&result, "north"),
+        "weight 1 but minPerCluster 2 with 3 replicas reaches only 2 of 3 clusters; no replicas"
+    );
+}
+
+#[test]
+fn min_per_cluster_ignores_weight_zero_clusters_and_respects_kept_clusters() {
+    // north has no entry: weight 0, not selected, no minimum for it.
+    let placement = with_minimum(weighted(&[("east", 1), ("west", 1)]), 3);
+    let result = run(&placement, 6, &three());
+    assert_eq!(targets(&result), [("east", 3), ("west", 3)]);
+    assert_eq!(result.notice, None);
+
+    // A not-Ready cluster holding 1 keeps at most that 1, minimum or not.
+    let clusters = vec![
+        not_ready(cluster("east", "zone-a"), 20),
+        cluster("west", "zone-b"),
+    ];
+    let placement = tolerate(
+        with_minimum(weighted(&[("east", 1), ("west", 1)]), 3),
+        Some(TAINT_UNREACHABLE),
+        None,
+    );
+    let holding = current(&[("east", 1), ("west", 3)]);
+    let result = run_stateful(&placement, 6, &clusters, &holding);
+    assert_eq!(targets(&result), [("east", 1), ("west", 5)]);
+}
+
+#[test]
+fn min_per_cluster_under_aggregated_tops_every_candidate_up_first() {
+    let clusters = vec![
+        with_available(cluster("east", "zone-a"), 4),
+        with_available(cluster("north", "zone-c"), 10),
+        with_available(cluster("west", "zone-b"), 2),
+    ];
+    let placement = with_minimum(aggregated(), 2);
+    let result = run(&placement, 9, &clusters);
+    // 2 each, then the rest fills north (the most room) first.
+    assert_eq!(targets(&result), [("east", 2), ("north", 5), ("west", 2)]);
+    assert_eq!(result.notice, None);
+    let result = run(&placement, 3, &clusters);
+    assert_eq!(targets(&result), [("east", 1), ("north", 2)]);
+    assert!(
+        result
+            .notice
+            .as_deref()
+            .is_some_and(|n| n.contains("in aggregated preference order")),
+        "{:?}",
+        result.notice
+    );
+    assert_eq!(
+        reason(&result, "west"),
+        "candidate but minPerCluster 2 with 3 replicas reaches only 2 of 3 clusters; no replicas"
+    );
+}
+
+#[test]
+fn min_per_cluster_means_nothing_for_duplicated() {
+    let placement = Placement {
+        replica_scheduling: Some(ReplicaScheduling {
+            type_: ReplicaSchedulingType::Duplicated,
+            division_preference: None,
+            weight_preference: None,
+            min_per_cluster: 5,
+        }),
+        ..Placement::default()
+    };
+    let result = run(&placement, 2, &three());
+    assert_eq!(targets(&result), [("east", 2), ("north", 2), ("west", 2)]);
+    assert_eq!(result.notice, None);
+}
+
+mod min_per_cluster_properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn clusters(weights: &[i64]) -> (Vec<ClusterView>, Placement) {
+        let clusters: Vec<ClusterView> = (0..weights.len())
+            .map(|i| cluster(&format!("member-{i:02}"), &format!("zone-{}", i % 3)))
+            .collect();
+        let pairs: Vec<(String, i64)> = clusters
+            .iter()
+            .zip(weights)
+            .map(|(c, &w)| (c.name.clone(), w))
+            .collect();
+        let refs: Vec<(&str, i64)> = pairs.iter().map(|(n, w)| (n.as_str(), *w)).collect();
+        (clusters, weighted(&refs))
+    }
+
+    fn shares(result: &PlacementResult, clusters: &[ClusterView]) -> Vec<i32> {
+        clusters
+            .iter()
+            .map(|c| {
+                result
+                    .targets
+                    .iter()
+                    .find(|t| t.name == c.name)
+                    .map_or(0, |t| t.replicas)
+            })
+            .collect()
+    }
+
+    proptest! {
+        #[test]
+        fn each_selected_cluster_gets_the_minimum_when_the_total_allows(
+            weights in prop::collection::vec(0i64..6, 1..10),
+            minimum in 0i32..5,
+            replicas in 0i32..80,
+        ) {
+            let (clusters, placement) = clusters(&weights);
+            let placement = with_minimum(placement, minimum);
+            let result = run(&placement, replicas, &clusters);
+            let positive = weights.iter().filter(|&&w| w > 0).count() as i32;
+            if positive == 0 {
+                prop_assert!(result.scheduled.is_err() || replicas == 0);
+                return Ok(());
+            }
+            let shares = shares(&result, &clusters);
+            prop_assert_eq!(shares.iter().sum::<i32>(), replicas);
+            let enough = replicas >= minimum * positive;
+            prop_assert_eq!(result.notice.is_none(), enough || replicas == 0 || minimum == 0);
+            for (share, weight) in shares.iter().zip(&weights) {
+                if *weight == 0 {
+                    prop_assert_eq!(*share, 0);
+                } else if enough {
+                    prop_assert!(*share >= minimum, "{:?} {:?}", weights, shares);
+                }
+            }
+        }
+
+        #[test]
+        fn monotone_in_replicas(
+            weights in prop::collection::vec(0i64..6, 1..10),
+            minimum in 0i32..5,
+            replicas in 0i32..80,
+        ) {
+            let (clusters, placement) = clusters(&weights);
+            let placement = with_minimum(placement, minimum);
+            let before = shares(&run(&placement, replicas, &clusters), &clusters);
+            let after = shares(&run(&placement, replicas + 1, &clusters), &clusters);
+            for (b, a) in before.iter().zip(&after) {
+                prop_assert!(a >= b, "{:?}: {:?} -> {:?}", weights, before, after);
+            }
+        }
+
+        #[test]
+        fn not_ready_clusters_never_gain_with_a_minimum(
+            weights in prop::collection::vec(1i64..6, 2..8),
+            held in prop::collection::vec(0i32..4, 8),
+            minimum in 0i32..5,
+            replicas in 0i32..60,
+        ) {
+            let (mut clusters, placement) = clusters(&weights);
+            clusters[0] = not_ready(clusters[0].clone(), 5);
+            let placement = tolerate(with_minimum(placement, minimum), Some(TAINT_UNREACHABLE), None);
+            let holding: Vec<TargetCluster> = clusters
+                .iter()
+                .zip(&held)
+                .filter(|(_, h)| **h > 0)
+                .map(|(c, h)| TargetCluster { name: c.name.clone(), replicas: *h })
+                .collect();
+            let result = run_stateful(&placement, replicas, &clusters, &holding);
+            if result.scheduled.is_ok() {
+                let shares = shares(&result, &clusters);
+                prop_assert!(shares[0] <= held[0], "{:?} held {:?}", shares, held);
+                prop_assert_eq!(shares.iter().sum::<i32>(), replicas);
+            }
+        }
+    }
+}
+
+// ---- the example in docs/capacity.md ----
+
+#[test]
+fn the_capacity_doc_example() {
+    use super::capacity::{FreeResources, with_estimates};
+    let free = |cpu_millis: i64, memory_gib: i64, pods: i64| {
+        Some(FreeResources {
+            cpu_millis: Some(cpu_millis),
+            memory_bytes: Some(memory_gib << 30),
+            pods: Some(pods),
+        })
+    };
+    let mut clusters = vec![
+        cluster("east", "zone-a"),
+        cluster("north", "zone-c"),
+        cluster("west", "zone-b"),
+    ];
+    clusters[0].capacity = free(6000, 30, 200);
+    clusters[1].capacity = free(500, 6, 100);
+    clusters[2].capacity = free(3000, 14, 100);
+    let web = |requests: serde_json::Value| {
+        serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment", "spec": {"template": {"spec": {
+            "containers": [{"name": "web", "resources": {"requests": requests}}]}}}})
+    };
+    let requesting = web(serde_json::json!({"cpu": "500m", "memory": "1Gi"}));
+    let dynamic = dynamic(vec![]);
+    let estimated = with_estimates(&clusters, &dynamic, &requesting);
+    let result = run(&dynamic, 9, &estimated);
+    assert_eq!(targets(&result), [("east", 5), ("north", 1), ("west", 3)]);
+    assert_eq!(
+        reason(&result, "east"),
+        "selected: weight 12 (available replicas), 5 of 9 replicas"
+    );
+
+    let estimated = with_estimates(&clusters, &aggregated(), &requesting);
+    assert_eq!(
+        targets(&run(&aggregated(), 15, &estimated)),
+        [("east", 12), ("west", 3)]
+    );
+    assert_eq!(
+        run(&aggregated(), 20, &estimated).scheduled,
+        Err("not enough room: 20 replicas to place, the candidates can take 19".into())
+    );
+
+    let nothing = web(serde_json::json!({}));
+    let estimated = with_estimates(&clusters, &dynamic, &nothing);
+    assert_eq!(
+        targets(&run(&dynamic, 9, &estimated)),
+        [("east", 5), ("north", 2), ("west", 2)]
+    );
+}
+
+#[test]
+fn dynamic_weights_count_the_replicas_a_cluster_holds_as_room() {
+    // east runs 4 of the template and has room for 2 more: its room is 6, like west's.
+    let clusters = vec![
+        with_available(cluster("east", "zone-a"), 2),
+        with_available(cluster("west", "zone-b"), 6),
+    ];
+    let result = run_with(&dynamic(vec![]), 8, &clusters, &current(&[("east", 4)]));
+    assert_eq!(targets(&result), [("east", 4), ("west", 4)]);
 }
