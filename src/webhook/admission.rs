@@ -48,7 +48,11 @@ pub enum Hook {
 
 /// Decodes a review body; a body that is not an AdmissionReview is an error message.
 pub fn decode(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, String> {
-    let review: AdmissionReview<DynamicObject> = serde_json::from_slice(body)
+    // Parsed whole first: a typed parse skips unknown fields without checking them, and
+    // a body that is not JSON must be refused, not half-read.
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| format!("the body is not an AdmissionReview: {e}"))?;
+    let review: AdmissionReview<DynamicObject> = serde_json::from_value(value)
         .map_err(|e| format!("the body is not an AdmissionReview: {e}"))?;
     // The configurations ask for v1 only; the answer echoes the request's type.
     if (

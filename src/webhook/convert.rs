@@ -131,7 +131,11 @@ pub fn convert(object: Value, desired: &str) -> Result<Value, String> {
 /// Answers a ConversionReview body.
 pub fn review(body: &[u8]) -> Result<Vec<u8>, String> {
     use kube::core::conversion::{ConversionRequest, ConversionResponse, ConversionReview};
-    let review: ConversionReview = serde_json::from_slice(body)
+    // Parsed whole first: a typed parse skips unknown fields without checking them, and
+    // a body that is not JSON must be refused, not half-read.
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| format!("the body is not a ConversionReview: {e}"))?;
+    let review: ConversionReview = serde_json::from_value(value)
         .map_err(|e| format!("the body is not a ConversionReview: {e}"))?;
     // The CRD asks for v1 only; the answer echoes the request's type.
     if (
