@@ -22,9 +22,7 @@ use crate::api::{
 use crate::hub::federation::kinds::{
     is_divisible, is_stateful, marks_fenced, placement_tolerations,
 };
-use crate::hub::federation::matching::{
-    PolicyCandidate, TemplateRef, choose_policy, policy_reference,
-};
+use crate::hub::federation::matching::{PolicyCandidate, TemplateRef, choose};
 use crate::hub::federation::placement::{ClusterView, PlacementRequest, decide};
 
 /// Field manager of the hub's scheduler.
@@ -146,7 +144,8 @@ pub fn desired_binding(
         name: &name,
         labels: &labels,
     };
-    let (policy, _) = choose_policy(&reference, candidates)?;
+    let choice = choose(&reference, candidates)?;
+    let policy = choice.policy;
     let divisible = is_divisible(&resource.api_version, &resource.kind);
     let stateful = is_stateful(&resource.api_version, &resource.kind);
     let placement = Placement {
@@ -190,7 +189,7 @@ pub fn desired_binding(
             uid: template.metadata.uid.clone(),
             generation,
         },
-        policy: Some(policy_reference(&policy)),
+        policy: Some(choice.reference()),
         replicas,
         clusters: clusters_out,
     };
