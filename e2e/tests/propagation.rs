@@ -264,6 +264,9 @@ async fn a_weighted_database_runs_in_its_members_and_reports_back() -> Result<()
     let statefulsets_before = federation
         .member_uids(&bulkhead_e2e::federation::statefulsets())
         .await?;
+    // The old hub has written everything it had to, the policies' status included (a new
+    // hub would otherwise rightly write what the old one had not yet).
+    federation.wait_settled(Duration::from_secs(60)).await?;
     federation.kill_hub();
     federation.start_hub()?;
     let restarted = Instant::now();

@@ -313,6 +313,18 @@ async fn webhooks_validate_default_and_enforce_tenant_rules_through_real_apiserv
         "clusterTolerations[0].operator",
     );
     eprintln!("denial: {message}");
+    // A name pattern no Deployment can match: refused with the field and the fix.
+    let bad_pattern: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "federation.example.com/v1alpha1", "kind": "PropagationPolicy",
+        "metadata": {"name": "bad-pattern"},
+        "spec": {"resourceSelectors": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "Web_*"}]}
+    }))?;
+    let message = support::expect_invalid_or_forbidden(
+        policies.create(&PostParams::default(), &bad_pattern).await,
+        "spec.resourceSelectors[0].name pattern \"Web_*\" can never match a Deployment",
+    );
+    assert!(message.contains("write \"web-*\""), "{message}");
+    eprintln!("denial: {message}");
 
     // Members: a StatefulSet without serviceName is rejected.
     let statefulset: StatefulSet = serde_json::from_value(serde_json::json!({

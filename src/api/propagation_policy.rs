@@ -5,14 +5,15 @@
 use std::ops::{Deref, DerefMut};
 
 use k8s_openapi::api::core::v1::Toleration;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// Selects templates in its own namespace and places them on member clusters. When several
-/// policies select a template, the highest `priority` wins; then a name selector beats a
-/// label selector beats a kind-wide selector; then a PropagationPolicy beats a
+/// policies select a template, the highest `priority` wins; then an exact name beats a name
+/// pattern (the more specific pattern first) beats a label selector beats a kind-wide
+/// selector (`name: "*"` is kind-wide); then a PropagationPolicy beats a
 /// ClusterPropagationPolicy; then name order. The choice is recorded on the ResourceBinding.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[kube(
@@ -24,6 +25,7 @@ use serde::{Deserialize, Serialize};
     singular = "propagationpolicy",
     shortname = "pp",
     namespaced,
+    status = "PropagationPolicyStatus",
     derive = "PartialEq",
     printcolumn(
         name = "Priority",
@@ -36,6 +38,18 @@ use serde::{Deserialize, Serialize};
         type_ = "string",
         json_path = ".spec.placement.replicaScheduling.type",
         description = "Duplicated or Divided"
+    ),
+    printcolumn(
+        name = "Selected",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Selected\")].status",
+        description = "Whether the policy selects any template"
+    ),
+    printcolumn(
+        name = "Placing",
+        type_ = "integer",
+        json_path = ".status.placedTemplates",
+        description = "Templates this policy places (the others it selects go to a policy with higher precedence)"
     ),
     printcolumn(
         name = "Age",
@@ -80,6 +94,7 @@ pub struct PropagationSpec {
     plural = "clusterpropagationpolicies",
     singular = "clusterpropagationpolicy",
     shortname = "cpp",
+    status = "PropagationPolicyStatus",
     derive = "PartialEq",
     printcolumn(
         name = "Priority",
@@ -92,6 +107,18 @@ pub struct PropagationSpec {
         type_ = "string",
         json_path = ".spec.placement.replicaScheduling.type",
         description = "Duplicated or Divided"
+    ),
+    printcolumn(
+        name = "Selected",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Selected\")].status",
+        description = "Whether the policy selects any template"
+    ),
+    printcolumn(
+        name = "Placing",
+        type_ = "integer",
+        json_path = ".status.placedTemplates",
+        description = "Templates this policy places (the others it selects go to a policy with higher precedence)"
     ),
     printcolumn(
         name = "Age",
@@ -118,6 +145,28 @@ impl DerefMut for ClusterPropagationPolicySpec {
     }
 }
 
+/// What the hub sees a policy select (both policy kinds), written by the leading hub
+/// when it changes (at most every few seconds per policy).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PropagationPolicyStatus {
+    /// The policy generation the status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Templates the policy's resource selectors match.
+    #[serde(default)]
+    pub selected_templates: i64,
+    /// Of those, the templates this policy places; the others go to a policy of higher
+    /// precedence (priority, then selector strength, then scope, then name).
+    #[serde(default)]
+    pub placed_templates: i64,
+    /// `Selected`: True with the counts when the policy selects templates; False with
+    /// reason `NothingSelected` and a hint per selector when it selects none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
 /// Selects templates by API version and kind, and optionally by name or labels. With
 /// neither name nor labelSelector it selects every object of the kind.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
@@ -130,7 +179,10 @@ pub struct ResourceSelector {
     /// Kind of the template, for example `Deployment` or `MyDatabase`.
     #[schemars(length(min = 1))]
     pub kind: String,
-    /// Name of one template.
+    /// Name of one template, or a glob pattern: `*` matches any run of characters, `?`
+    /// one character (`web-*`, `db-?`). `*` alone selects every object of the kind. An
+    /// exact name beats a pattern, a pattern beats a label selector, and a label
+    /// selector beats a kind-wide selector (see docs/placement.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// Namespace of the templates; only for ClusterPropagationPolicy (a PropagationPolicy

@@ -106,6 +106,13 @@ pub struct PolicyReference {
     pub namespace: Option<String>,
     /// Name of the policy.
     pub name: String,
+    /// The selector that matched, for example `resourceSelectors[0]: name pattern web-*`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selected_by: Option<String>,
+    /// Why this policy won over the next policy that selects the template (priority,
+    /// selector strength, scope, name order); absent when no other policy selects it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precedence: Option<String>,
 }
 
 /// A member cluster chosen for the template.

@@ -132,6 +132,115 @@ fn toleration_problems(object: &str, index: usize, toleration: &Toleration) -> V
     problems
 }
 
+/// Object names of these API groups are path segments (anything but `/` and `%`, and not
+/// `.` or `..`); every other kind the hub federates (built-in workloads, ConfigMaps,
+/// Secrets, Services, custom resources) has DNS-1123 subdomain names.
+const PATH_SEGMENT_NAME_GROUPS: &[&str] = &["rbac.authorization.k8s.io"];
+
+/// Characters a name pattern uses as wildcards.
+fn is_wildcard(c: char) -> bool {
+    c == '*' || c == '?'
+}
+
+/// `resourceSelectors[i].name`: an exact name or a glob pattern (`*`, `?`) that some
+/// object of the kind could have; None when it could match.
+fn selector_name_problem(
+    object: &str,
+    index: usize,
+    api_version: &str,
+    kind: &str,
+    name: &str,
+) -> Option<String> {
+    let field = format!("spec.resourceSelectors[{index}].name");
+    if name.is_empty() {
+        return Some(format!(
+            "{object}: {field} is empty and matches nothing; remove name to select every {kind}, or give a name or a pattern such as web-*"
+        ));
+    }
+    let pattern = name.contains(is_wildcard);
+    let wildcards = "in a pattern, * matches any run of characters and ? one character";
+    let group = api_version.rsplit_once('/').map_or("", |(group, _)| group);
+    if PATH_SEGMENT_NAME_GROUPS.contains(&group) {
+        if name.contains(['/', '%']) || name == "." || name == ".." {
+            return Some(format!(
+                "{object}: {field} {name:?} can never match a {kind} name: names cannot contain '/' or '%' and are not '.' or '..'; remove those characters"
+            ));
+        }
+        return None;
+    }
+    let allowed = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.';
+    let alphanumeric = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    let bad: Vec<char> = name
+        .chars()
+        .filter(|&c| !allowed(c) && !is_wildcard(c))
+        .collect();
+    // The literal first and last characters of a name are a letter or a digit.
+    let bad_edge = name
+        .chars()
+        .next()
+        .is_some_and(|c| !is_wildcard(c) && allowed(c) && !alphanumeric(c))
+        || name
+            .chars()
+            .last()
+            .is_some_and(|c| !is_wildcard(c) && allowed(c) && !alphanumeric(c));
+    let literal = name.chars().filter(|&c| c != '*').count();
+    if bad.is_empty() && !bad_edge && literal <= 253 {
+        return None;
+    }
+    let mut fixed: String = name
+        .chars()
+        .map(|c| {
+            if allowed(c) || is_wildcard(c) {
+                c
+            } else if c.is_ascii_uppercase() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    while fixed.starts_with(['-', '.']) {
+        fixed.remove(0);
+    }
+    while fixed.ends_with(['-', '.']) {
+        fixed.pop();
+    }
+    let what = if pattern { "pattern" } else { "name" };
+    let rule = format!(
+        "{kind} names are at most 253 lowercase letters, digits, '-' and '.', starting and ending with a letter or a digit ({wildcards})"
+    );
+    let syntax = if bad.iter().any(|c| "[]{}\\^$|+()".contains(*c)) {
+        "; only * and ? are wildcards (no character classes, alternatives or regular expressions)"
+    } else {
+        ""
+    };
+    if !bad.is_empty() {
+        let listed: String = {
+            let mut seen: Vec<char> = Vec::new();
+            for c in &bad {
+                if !seen.contains(c) {
+                    seen.push(*c);
+                }
+            }
+            seen.iter()
+                .map(|c| format!("{c:?}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        return Some(format!(
+            "{object}: {field} {what} {name:?} can never match a {kind}: it has {listed}, and {rule}{syntax}; write {fixed:?}"
+        ));
+    }
+    if bad_edge {
+        return Some(format!(
+            "{object}: {field} {what} {name:?} can never match a {kind}: {rule}; write {fixed:?}"
+        ));
+    }
+    Some(format!(
+        "{object}: {field} {what} is {literal} characters long and can never match a {kind}: {rule}; shorten it"
+    ))
+}
+
 /// PropagationPolicy / ClusterPropagationPolicy rules. `known_clusters` (strict mode)
 /// rejects cluster names that are not registered.
 pub fn policy(
@@ -153,6 +262,15 @@ pub fn policy(
         if selector.name.is_some() && selector.label_selector.is_some() {
             problems.push(format!(
                 "{object}: spec.resourceSelectors[{i}] sets both name and labelSelector; keep one"
+            ));
+        }
+        if let Some(name) = &selector.name {
+            problems.extend(selector_name_problem(
+                object,
+                i,
+                &selector.api_version,
+                &selector.kind,
+                name,
             ));
         }
         if namespaced && selector.namespace.is_some() {
@@ -638,6 +756,109 @@ mod tests {
             duplicated[0].contains("minPerCluster is 2 with type Duplicated")
                 && duplicated[0].contains("set type Divided"),
             "{duplicated:?}"
+        );
+    }
+
+    fn named(api_version: &str, kind: &str, name: &str) -> PropagationSpec {
+        let mut spec = policy_spec();
+        spec.resource_selectors[0].api_version = api_version.into();
+        spec.resource_selectors[0].kind = kind.into();
+        spec.resource_selectors[0].name = Some(name.into());
+        spec
+    }
+
+    #[test]
+    fn selector_names_and_patterns_must_be_able_to_match() {
+        let object = "ClusterPropagationPolicy all";
+        for good in [
+            "web",
+            "web-*",
+            "*",
+            "**",
+            "web-?",
+            "*.example.com",
+            "a",
+            "?",
+            "db-*-primary",
+        ] {
+            assert!(
+                policy(object, &named("apps/v1", "Deployment", good), false, None).is_empty(),
+                "{good}"
+            );
+        }
+        let problems = policy(
+            object,
+            &named("apps/v1", "Deployment", "Web_*"),
+            false,
+            None,
+        );
+        assert_eq!(
+            problems,
+            [
+                "ClusterPropagationPolicy all: spec.resourceSelectors[0].name pattern \"Web_*\" can never match a Deployment: it has 'W', '_', and Deployment names are at most 253 lowercase letters, digits, '-' and '.', starting and ending with a letter or a digit (in a pattern, * matches any run of characters and ? one character); write \"web-*\""
+            ]
+        );
+        let problems = policy(
+            object,
+            &named("apps/v1", "Deployment", "web-[ab]"),
+            false,
+            None,
+        );
+        assert!(
+            problems[0].contains("only * and ? are wildcards")
+                && problems[0].contains("write \"web--ab\""),
+            "{problems:?}"
+        );
+        let problems = policy(
+            object,
+            &named("apps/v1", "Deployment", "-web*"),
+            false,
+            None,
+        );
+        assert!(
+            problems[0].contains("starting and ending with a letter or a digit")
+                && problems[0].contains("write \"web*\""),
+            "{problems:?}"
+        );
+        let problems = policy(object, &named("apps/v1", "Deployment", ""), false, None);
+        assert!(
+            problems[0].contains(
+                "name is empty and matches nothing; remove name to select every Deployment"
+            ),
+            "{problems:?}"
+        );
+        let long = "a".repeat(254);
+        assert!(
+            policy(object, &named("apps/v1", "Deployment", &long), false, None)[0]
+                .contains("254 characters long")
+        );
+        assert!(
+            policy(
+                object,
+                &named("apps/v1", "Deployment", &format!("{}*", "a".repeat(253))),
+                false,
+                None
+            )
+            .is_empty()
+        );
+        // RBAC names are path segments: a colon or capitals are fine, a slash never.
+        assert!(
+            policy(
+                object,
+                &named("rbac.authorization.k8s.io/v1", "Role", "system:Reader-*"),
+                false,
+                None
+            )
+            .is_empty()
+        );
+        assert!(
+            policy(
+                object,
+                &named("rbac.authorization.k8s.io/v1", "Role", "a/b*"),
+                false,
+                None
+            )[0]
+            .contains("cannot contain '/'")
         );
     }
 }

@@ -88,7 +88,7 @@ impl ControllerMetrics {
         );
         metrics.register(
             "hub_queue_depth",
-            "Templates waiting to be reconciled, being reconciled, or scheduled to be reconciled later (a status waiting for its copies, a toleration expiring)",
+            "Templates waiting to be reconciled, being reconciled, or scheduled to be reconciled later (a status waiting for its copies, a toleration expiring), plus policy status computations and writes due",
             m.queue_depth.clone(),
         );
         metrics.register(

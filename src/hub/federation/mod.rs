@@ -31,6 +31,7 @@ pub mod interpreter;
 pub mod kinds;
 pub mod matching;
 pub mod placement;
+pub mod policy_status;
 pub mod propagation;
 pub mod queue;
 pub mod reconcile;
@@ -235,11 +236,14 @@ async fn run_kinds(
     );
 
     let mut streams: Vec<futures::stream::BoxStream<'static, Trigger>> = vec![];
-    let (policies, s) = reflect(Api::<PropagationPolicy>::all(hub.clone()), everything);
+    let (policies, s) = reflect(
+        Api::<PropagationPolicy>::all(hub.clone()),
+        policy_status::spec_changes(everything),
+    );
     streams.push(s);
     let (cluster_policies, s) = reflect(
         Api::<ClusterPropagationPolicy>::all(hub.clone()),
-        everything,
+        policy_status::spec_changes(everything),
     );
     streams.push(s);
     let (members, s) = reflect(Api::<MemberCluster>::all(hub.clone()), everything);
@@ -335,11 +339,24 @@ async fn run_kinds(
     let mut cache_guard = AbortOnDrop::default();
     let cache_task = cache_guard.keep(cache_task);
     let mut tasks = AbortOnDrop::default();
-    // Hub watches -> queue. The stores follow their watches on this task whatever the
-    // workers are doing.
+    // Hub watches -> queue (and a nudge for the policies' status). The stores follow
+    // their watches on this task whatever the workers are doing.
+    let selection = Arc::new(policy_status::Selection::default());
+    let touch = selection.clone();
+    let triggers = stream::select_all(streams).inspect(move |t| {
+        if !matches!(t, Trigger::Nothing) {
+            touch.touch();
+        }
+    });
     tasks.push(tokio::spawn(drive(
         context.clone(),
-        stream::select_all(streams),
+        triggers,
+        shutdown.clone(),
+    )));
+    // Policies' `Selected` status, per policy, coalesced.
+    let policy_status_task = tasks.keep(tokio::spawn(policy_status::run(
+        context.clone(),
+        selection.clone(),
         shutdown.clone(),
     )));
     // Member copies -> queue.
@@ -380,6 +397,7 @@ async fn run_kinds(
     // Gauges.
     tasks.push(tokio::spawn(report_progress(
         context.clone(),
+        selection,
         shutdown.clone(),
     )));
 
@@ -399,6 +417,8 @@ async fn run_kinds(
             let _ = worker.await;
         }
     }
+    // It writes what it still owes before it stops.
+    let _ = policy_status_task.await;
     drop(tasks);
     // The copy caches stop their member watches on shutdown: give them a moment (the
     // guard aborts them after it).
@@ -555,14 +575,21 @@ fn observe_latency(context: &Context, key: &ObjectKey) {
 
 /// Keeps the progress gauges: queue depth, pending member writes, and `hub_synced` (every
 /// initial list in, every Ready member's copies listed, every template reconciled once).
-async fn report_progress(context: Arc<Context>, shutdown: CancellationToken) {
+async fn report_progress(
+    context: Arc<Context>,
+    selection: Arc<policy_status::Selection>,
+    shutdown: CancellationToken,
+) {
     let mut drained_once = false;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
         }
-        let depth = context.queue.len() + context.queue.active() + context.queue.delayed();
+        let depth = context.queue.len()
+            + context.queue.active()
+            + context.queue.delayed()
+            + selection.pending();
         context.metrics.queue_depth.set(depth as i64);
         context
             .metrics

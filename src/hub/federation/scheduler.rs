@@ -21,9 +21,7 @@ use crate::api::{
 };
 use crate::hub::federation::interpreter::Interpretation;
 use crate::hub::federation::kinds::{marks_fenced, placement_tolerations};
-use crate::hub::federation::matching::{
-    PolicyCandidate, TemplateRef, choose_policy, policy_reference,
-};
+use crate::hub::federation::matching::{PolicyCandidate, TemplateRef, choose};
 use crate::hub::federation::placement::{ClusterView, PlacementRequest, capacity, decide};
 
 /// Field manager of the hub's scheduler.
@@ -141,7 +139,8 @@ pub fn desired_binding(
         name: &name,
         labels: &labels,
     };
-    let (policy, _) = choose_policy(&reference, candidates)?;
+    let choice = choose(&reference, candidates)?;
+    let policy = choice.policy;
     let divisible = interpretation.divisible();
     let stateful = interpretation.stateful;
     let placement = Placement {
@@ -183,7 +182,7 @@ pub fn desired_binding(
             uid: template.metadata.uid.clone(),
             generation,
         },
-        policy: Some(policy_reference(&policy)),
+        policy: Some(choice.reference()),
         replicas,
         clusters: clusters_out,
     };

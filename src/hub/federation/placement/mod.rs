@@ -16,6 +16,7 @@ pub mod capacity;
 mod divide;
 mod reason;
 mod spread;
+mod ties;
 
 use std::collections::BTreeMap;
 
@@ -28,6 +29,7 @@ use crate::api::resource_binding::{ClusterDecision, TargetCluster};
 
 pub use candidates::{label_selector_matches, toleration_matches};
 pub use divide::{divide_by_weight, stable_hash};
+pub use ties::{Tie, last_seat_tie, uid_tie};
 
 use candidates::{Admission, Affinity, Exclusion};
 use divide::{Bin, Party};
