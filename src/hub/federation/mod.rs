@@ -26,6 +26,7 @@ pub mod aggregate;
 pub mod context;
 pub mod copies;
 pub mod copy_cache;
+pub mod dependencies;
 pub mod kinds;
 pub mod matching;
 pub mod placement;
