@@ -80,6 +80,15 @@ pub struct PropagationSpec {
     /// object alone; Overwrite takes it over.
     #[serde(default)]
     pub conflict_resolution: ConflictResolution,
+
+    /// When true, the ConfigMaps, Secrets, ServiceAccounts and PersistentVolumeClaims the
+    /// selected workloads' pod templates reference (in the workload's namespace) follow
+    /// the workloads: they go to every cluster a workload that uses them goes to, and
+    /// leave a cluster when no workload there needs them any more. A dependency selected
+    /// by a policy of its own keeps that policy's placement; the `default` ServiceAccount
+    /// is never a dependency (every namespace has one). See docs/dependencies.md.
+    #[serde(default)]
+    pub propagate_deps: bool,
 }
 
 /// Cluster-wide placement rules: like a PropagationPolicy, but selects templates in every

@@ -249,6 +249,8 @@ pub(super) struct Context {
     pub written_templates: Mutex<HashMap<ObjectKey, Arc<DynamicObject>>>,
     /// The last report of every template, and their sums (the gauges).
     pub reports: Mutex<Reports>,
+    /// Dependencies following their workloads (`propagateDeps`).
+    pub follow: Mutex<crate::hub::federation::follow::Follow>,
 }
 
 /// Whether `seen` (from a watch) is at least as new as `written` (a write's response).

@@ -61,9 +61,21 @@ pub fn selected_kinds(
                 .iter()
                 .flat_map(|p| p.spec.resource_selectors.iter()),
         );
-    selectors
+    let mut kinds: BTreeSet<Gvk> = selectors
         .map(|s| Gvk::new(&s.api_version, &s.kind))
-        .collect()
+        .collect();
+    let propagates = policies.iter().any(|p| p.spec.propagate_deps)
+        || cluster_policies
+            .iter()
+            .any(|p| p.spec.policy.propagate_deps);
+    if propagates {
+        kinds.extend(
+            crate::hub::federation::follow::DEPENDENCY_KINDS
+                .iter()
+                .map(|(api_version, kind)| Gvk::new(api_version, kind)),
+        );
+    }
+    kinds
 }
 
 /// Why a kind is not federated.

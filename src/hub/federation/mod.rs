@@ -26,7 +26,9 @@ pub mod aggregate;
 pub mod context;
 pub mod copies;
 pub mod copy_cache;
+pub mod dependencies;
 pub mod discovery;
+pub mod follow;
 pub mod interpreter;
 pub mod kinds;
 pub mod matching;
@@ -333,6 +335,7 @@ async fn run_kinds(
         written_bindings: Mutex::default(),
         written_templates: Mutex::default(),
         reports: Mutex::default(),
+        follow: Mutex::default(),
     });
 
     // Aborted when this function returns or is dropped (a leadership term that ends).
@@ -409,6 +412,7 @@ async fn run_kinds(
         }
     }
     if !shutdown.is_cancelled() {
+        build_dependency_graph(&context);
         queue_all(&context);
         let workers: Vec<_> = (0..CONCURRENCY)
             .map(|_| tasks.keep(tokio::spawn(work(context.clone(), shutdown.clone()))))
@@ -428,6 +432,58 @@ async fn run_kinds(
     )
     .await;
     drop(cache_guard);
+}
+
+/// The dependency graph from everything listed: every template of a `propagateDeps`
+/// policy, with what it references and where its binding places it. Until this is done
+/// no dependency follows (or leaves) anything.
+fn build_dependency_graph(context: &Context) {
+    let (policies, cluster_policies) = context.policies();
+    let candidates = context::candidates(&policies, &cluster_policies);
+    if !candidates.iter().any(|c| c.spec.propagate_deps) {
+        context
+            .follow
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .build([]);
+        return;
+    }
+    let mut workloads = vec![];
+    for (kind, (resource, _)) in context.kinds.iter().enumerate() {
+        for template in context.stores.templates[kind].state() {
+            let key = template_key(kind, &template);
+            let labels = template.labels().clone();
+            let reference = matching::TemplateRef {
+                api_version: &resource.api_version,
+                kind: &resource.kind,
+                namespace: &key.namespace,
+                name: &key.name,
+                labels: &labels,
+            };
+            let Some((policy, _)) = matching::choose_policy(&reference, &candidates) else {
+                continue;
+            };
+            if !policy.spec.propagate_deps {
+                continue;
+            }
+            let Some(object) = follow::object_ref(&context.kinds, &key) else {
+                continue;
+            };
+            let whole = context::full_template(&template, context.bodies.get(&key).as_deref());
+            let deps = follow::workload_references(&context.kinds, &key, &whole);
+            let clusters = context
+                .binding(&key, &scheduler::binding_name(&key.name, &resource.kind))
+                .map(|b| follow::placed_clusters(&b.spec.clusters))
+                .unwrap_or_default();
+            workloads.push((key, object, deps, clusters));
+        }
+    }
+    tracing::info!(workloads = workloads.len(), "dependency graph built");
+    context
+        .follow
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .build(workloads);
 }
 
 /// Tasks aborted when dropped: a federation controller dropped at the end of a

@@ -14,14 +14,21 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::{Value, json};
 
 use crate::api::propagation_policy::ConflictResolution;
+use crate::api::propagation_policy::PropagationSpec;
 use crate::api::resource_binding::{ResourceBindingStatus, TargetCluster};
-use crate::api::{FINALIZER_CLEANUP, LABEL_MANAGED_BY, ResourceBinding};
+use crate::api::{
+    ConditionStatus, FINALIZER_CLEANUP, LABEL_MANAGED_BY, ResourceBinding, find_condition,
+    new_condition, set_condition,
+};
 use crate::error::{ApiErrorKind, classify};
 use crate::hub::federation::aggregate::WAITING_FOR_PARTITION;
+use crate::hub::federation::context::full_template;
 use crate::hub::federation::context::{
     ClusterLabel, Context, TemplateReport, binding_status_key, candidates,
 };
 use crate::hub::federation::copies::binding_label;
+use crate::hub::federation::follow;
+use crate::hub::federation::matching::{PolicyCandidate, PolicyScope, policy_reference};
 use crate::hub::federation::placement::ClusterView;
 use crate::hub::federation::propagation::{self, MemberCopy, Plan, PlanInput};
 use crate::hub::federation::scheduler::{
@@ -62,6 +69,20 @@ pub(super) async fn reconcile(context: &Arc<Context>, key: &ObjectKey) -> Option
     let binding_deleting = binding
         .as_ref()
         .is_some_and(|b| b.metadata.deletion_timestamp.is_some());
+    if template
+        .as_ref()
+        .is_none_or(|t| t.metadata.deletion_timestamp.is_some())
+    {
+        // A workload going away: what followed it may leave.
+        let touched = context
+            .follow
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .set(&context.kinds, key, None);
+        for dependency in touched {
+            context.queue.add(dependency);
+        }
+    }
     match template {
         None => match binding {
             None => {
@@ -389,19 +410,30 @@ async fn place_template(
                 context.bodies.get(key).as_deref(),
             )
         });
-    let Some(mut desired) = desired_binding(
+    let interpretation = context.interpretation(key);
+    let chosen = desired_binding(
         template,
         full.as_ref(),
         resource,
-        &context.interpretation(key),
+        &interpretation,
         &candidates,
         views,
         existing,
         frozen,
         now,
-    ) else {
-        context.report(key, None);
-        return None;
+    );
+    note_workload(context, key, template, &candidates, chosen.as_ref());
+    let mut desired = match chosen {
+        Some(desired) => desired,
+        None => match following(
+            context, key, template, resource, views, existing, frozen, now,
+        ) {
+            Some(desired) => desired,
+            None => {
+                context.report(key, None);
+                return None;
+            }
+        },
     };
     let mut again = desired.next_change.map(|at| {
         Duration::from_millis((at.as_millisecond() - now.as_millisecond()).max(0) as u64)
@@ -544,6 +576,145 @@ async fn place_template(
         .await,
     );
     again
+}
+
+/// Tells the dependency graph what a template references and where it is placed, when
+/// its policy propagates dependencies (and that it is no workload otherwise), and queues
+/// the dependencies whose placement may have changed.
+fn note_workload(
+    context: &Context,
+    key: &ObjectKey,
+    template: &DynamicObject,
+    candidates: &[PolicyCandidate],
+    desired: Option<&DesiredBinding>,
+) {
+    let propagates = desired.and_then(|d| {
+        let reference = d.spec.policy.as_ref()?;
+        candidates
+            .iter()
+            .find(|c| &policy_reference(c) == reference)
+            .filter(|c| c.spec.propagate_deps)
+            .map(|_| d)
+    });
+    let workload = propagates.map(|desired| {
+        let whole = full_template(template, context.bodies.get(key).as_deref());
+        (
+            follow::workload_references(&context.kinds, key, &whole),
+            follow::placed_clusters(&desired.spec.clusters),
+        )
+    });
+    let touched = context
+        .follow
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .set(&context.kinds, key, workload);
+    for dependency in touched {
+        context.queue.add(dependency);
+    }
+}
+
+/// Whether a binding was made for a dependency following its workloads.
+fn is_following(binding: &ResourceBinding) -> bool {
+    binding
+        .status
+        .as_ref()
+        .and_then(|s| find_condition(&s.conditions, "Scheduled"))
+        .is_some_and(|c| c.reason == follow::FOLLOWS_WORKLOADS)
+}
+
+/// The binding of a template no policy selects but placed workloads reference
+/// (`propagateDeps`): Duplicated to the workloads' clusters, or to none once no workload
+/// needs it (then its copies leave). None: it follows nothing.
+#[allow(clippy::too_many_arguments)]
+fn following(
+    context: &Context,
+    key: &ObjectKey,
+    template: &DynamicObject,
+    resource: &ApiResource,
+    views: &[ClusterView],
+    existing: Option<&ResourceBinding>,
+    frozen: bool,
+    now: jiff::Timestamp,
+) -> Option<DesiredBinding> {
+    let (clusters, dependents) = context
+        .follow
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .placement(&context.kinds, key)?;
+    if dependents.is_empty() && !existing.is_some_and(is_following) {
+        return None;
+    }
+    let object = follow::object_ref(&context.kinds, key)?;
+    let current = existing
+        .map(|b| b.spec.clusters.clone())
+        .unwrap_or_default();
+    let clusters = follow::following_clusters(&object, &clusters, &current);
+    // Placed by the kernel like any Duplicated template, restricted to those clusters
+    // (while it leaves everywhere, to the current ones, then emptied).
+    let restrict: Vec<String> = if clusters.is_empty() {
+        current.iter().map(|t| t.name.clone()).collect()
+    } else {
+        clusters.iter().cloned().collect()
+    };
+    if restrict.is_empty() {
+        return None;
+    }
+    let spec: PropagationSpec = serde_json::from_value(json!({
+        "resourceSelectors": [{"apiVersion": resource.api_version, "kind": resource.kind, "name": key.name}],
+        "placement": {"clusterAffinity": {"clusterNames": restrict}},
+    }))
+    .ok()?;
+    let candidate = PolicyCandidate {
+        scope: PolicyScope::Namespaced,
+        namespace: Some(&key.namespace),
+        name: "dependency",
+        spec: &spec,
+    };
+    let mut desired = desired_binding(
+        template,
+        None,
+        resource,
+        &context.interpretation(key),
+        &[candidate],
+        views,
+        existing,
+        frozen,
+        now,
+    )?;
+    desired.spec.policy = None;
+    let message = if dependents.is_empty() {
+        desired.spec.clusters.clear();
+        "no workload that references it is placed any more: its copies leave".to_string()
+    } else {
+        format!(
+            "follows {} (its policy propagates dependencies)",
+            dependents
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
+    for decision in desired.status.decisions.iter_mut() {
+        if dependents.is_empty() {
+            decision.selected = false;
+            decision.replicas = None;
+        }
+        if !decision.selected {
+            decision.reason = "no workload that references it is placed here".into();
+        }
+    }
+    set_condition(
+        &mut desired.status.conditions,
+        new_condition(
+            "Scheduled",
+            ConditionStatus::True,
+            follow::FOLLOWS_WORKLOADS,
+            message,
+            template.metadata.generation,
+        ),
+    );
+    Some(desired)
 }
 
 /// The status to write beside a changed decision: built now when the members' copies are
