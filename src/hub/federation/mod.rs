@@ -91,6 +91,12 @@ enum Trigger {
 /// Fingerprint of a template without its status and what the API server changes on
 /// every write: equal fingerprints mean only the status (or nothing) changed.
 fn template_fingerprint(object: &DynamicObject, body: Option<&str>) -> u64 {
+    fingerprint(object, body)
+}
+
+/// Fingerprint of any hub object without its status and what the API server changes on
+/// every write, with `extra` (a template's body kept apart).
+pub(super) fn fingerprint<K: serde::Serialize>(object: &K, extra: Option<&str>) -> u64 {
     let mut value = serde_json::to_value(object).unwrap_or_default();
     if let Some(map) = value.as_object_mut() {
         map.remove("status");
@@ -101,7 +107,7 @@ fn template_fingerprint(object: &DynamicObject, body: Option<&str>) -> u64 {
     }
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     value.to_string().hash(&mut hasher);
-    body.hash(&mut hasher);
+    extra.hash(&mut hasher);
     hasher.finish()
 }
 

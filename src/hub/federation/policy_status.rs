@@ -13,7 +13,7 @@
 //! while a computation or a deferred write is due, so "settled" includes it.
 
 use std::collections::{BTreeMap, HashMap};
-use std::hash::{Hash, Hasher};
+use std::hash::Hash;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
@@ -387,17 +387,7 @@ fn policy_key<K: Resource>(object: &K) -> (Option<String>, String) {
 /// Everything of a policy but its status and the metadata the API server changes on
 /// every write.
 fn fingerprint<K: serde::Serialize>(object: &K) -> u64 {
-    let mut value = serde_json::to_value(object).unwrap_or_default();
-    if let Some(map) = value.as_object_mut() {
-        map.remove("status");
-    }
-    if let Some(metadata) = value["metadata"].as_object_mut() {
-        metadata.remove("resourceVersion");
-        metadata.remove("managedFields");
-    }
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    value.to_string().hash(&mut hasher);
-    hasher.finish()
+    super::fingerprint(object, None)
 }
 
 /// One policy as the writer tracks it.
