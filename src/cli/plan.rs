@@ -383,8 +383,12 @@ fn plan_one(
         divisible,
         stateful,
         uid: &uid_text,
+        // Offline: every replica counts as running.
         clusters: &crate::hub::federation::placement::capacity::with_estimates(
-            views, &placement, template,
+            views,
+            &placement,
+            template,
+            &|_| 0,
         ),
         current: &[],
         now,

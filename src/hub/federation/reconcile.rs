@@ -411,9 +411,17 @@ async fn place_template(
             )
         });
     let interpretation = context.interpretation(key);
+    let running = |cluster: &str| {
+        let copy = context
+            .caches
+            .member(cluster)?
+            .get(resource, &key.namespace, &key.name)?;
+        Some(crate::hub::federation::propagation::copy_ready(&copy))
+    };
     let chosen = desired_binding(
         template,
         full.as_ref(),
+        &running,
         resource,
         &interpretation,
         &candidates,
@@ -673,6 +681,7 @@ fn following(
     let mut desired = desired_binding(
         template,
         None,
+        &|_| None,
         resource,
         &context.interpretation(key),
         &[candidate],

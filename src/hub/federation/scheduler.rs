@@ -121,6 +121,9 @@ pub fn desired_binding(
     // The whole template (its body), when a policy divides by capacity: the per-replica
     // requests are in the pod template, which the hub's store does not keep.
     full: Option<&serde_json::Value>,
+    // The ready replicas of the template's copy in a cluster, as last seen (None:
+    // unknown): held replicas that do not run are no room (capacity placements only).
+    running: &dyn Fn(&str) -> Option<i32>,
     resource: &ApiResource,
     interpretation: &Interpretation,
     candidates: &[PolicyCandidate],
@@ -154,7 +157,20 @@ pub fn desired_binding(
         .map(|b| b.spec.clusters.clone())
         .unwrap_or_default();
     // Dynamic weights and Aggregated: each member's room for this template's requests.
-    let estimated = capacity::with_estimates(clusters, &placement, full.unwrap_or(&template.data));
+    let not_running = |cluster: &str| {
+        let held = current
+            .iter()
+            .find(|t| t.name == cluster)
+            .map_or(0, |t| t.replicas);
+        let running = running(cluster).unwrap_or(held).clamp(0, held);
+        i64::from(held - running)
+    };
+    let estimated = capacity::with_estimates(
+        clusters,
+        &placement,
+        full.unwrap_or(&template.data),
+        &not_running,
+    );
     let decision = decide(&PlacementRequest {
         placement: &placement,
         replicas,
@@ -324,6 +340,7 @@ mod tests {
         let desired = desired_binding(
             &template(6),
             None,
+            &|_| None,
             &deployments(),
             &crate::hub::federation::interpreter::Interpreters::built_in()
                 .get("apps/v1", "Deployment"),
@@ -378,6 +395,7 @@ mod tests {
             desired_binding(
                 &template(6),
                 None,
+                &|_| None,
                 &deployments(),
                 &crate::hub::federation::interpreter::Interpreters::built_in()
                     .get("apps/v1", "Deployment"),
@@ -394,6 +412,7 @@ mod tests {
         let first = desired_binding(
             &template(6),
             None,
+            &|_| None,
             &deployments(),
             &crate::hub::federation::interpreter::Interpreters::built_in()
                 .get("apps/v1", "Deployment"),
@@ -409,6 +428,7 @@ mod tests {
         let again = desired_binding(
             &template(6),
             None,
+            &|_| None,
             &deployments(),
             &crate::hub::federation::interpreter::Interpreters::built_in()
                 .get("apps/v1", "Deployment"),
@@ -445,6 +465,7 @@ mod tests {
         let desired = desired_binding(
             &template(6),
             None,
+            &|_| None,
             &deployments(),
             &crate::hub::federation::interpreter::Interpreters::built_in()
                 .get("apps/v1", "Deployment"),

@@ -146,13 +146,17 @@ pub fn uses_capacity(placement: &Placement) -> bool {
 }
 
 /// The views with `available_replicas` estimated for `template` when the placement uses
-/// capacity and a member reports it; borrowed unchanged otherwise (no copy for the
+/// capacity, less `not_running(cluster)`: the replicas the template holds there that do
+/// not run yet (pending pods request nothing of the member's free capacity, so counting
+/// them as held room would overcommit the cluster). Only Ready clusters are adjusted.
+/// When a member reports it; borrowed unchanged otherwise (no copy for the
 /// common, static placements). A view without a capacity summary keeps what it has
 /// (unknown: the static weight stands in, Aggregated counts it as unlimited).
 pub fn with_estimates<'v>(
     views: &'v [ClusterView],
     placement: &Placement,
     template: &Value,
+    not_running: &dyn Fn(&str) -> i64,
 ) -> Cow<'v, [ClusterView]> {
     if !uses_capacity(placement) || views.iter().all(|v| v.capacity.is_none()) {
         return Cow::Borrowed(views);
@@ -164,8 +168,18 @@ pub fn with_estimates<'v>(
             .map(|view| {
                 let mut view = view.clone();
                 if let Some(free) = &view.capacity {
-                    view.available_replicas =
-                        available_replicas(free, &per_replica).or(view.available_replicas);
+                    view.available_replicas = available_replicas(free, &per_replica)
+                        .map(|available| {
+                            // Placement adds the replicas a cluster holds to its room;
+                            // the held replicas still pending use none of its free
+                            // capacity, so they are not room.
+                            if view.ready {
+                                available - not_running(&view.name)
+                            } else {
+                                available
+                            }
+                        })
+                        .or(view.available_replicas);
                 }
                 view
             })
@@ -317,7 +331,7 @@ mod tests {
         );
         let dynamic = placement(serde_json::json!({"replicaScheduling": {"type": "Divided",
             "weightPreference": {"dynamicWeight": "AvailableReplicas"}}}));
-        let estimated = with_estimates(&views, &dynamic, &template);
+        let estimated = with_estimates(&views, &dynamic, &template, &|_| 0);
         assert!(matches!(estimated, Cow::Owned(_)));
         assert_eq!(estimated[0].available_replicas, Some(3));
         assert_eq!(estimated[1].available_replicas, None, "no summary: unknown");
@@ -325,15 +339,30 @@ mod tests {
         let aggregated = placement(serde_json::json!({"replicaScheduling": {"type": "Divided",
             "divisionPreference": "Aggregated"}}));
         assert_eq!(
-            with_estimates(&views, &aggregated, &template)[0].available_replicas,
+            with_estimates(&views, &aggregated, &template, &|_| 0)[0].available_replicas,
             Some(3)
         );
         let static_weights =
             placement(serde_json::json!({"replicaScheduling": {"type": "Divided"}}));
         assert!(matches!(
-            with_estimates(&views, &static_weights, &template),
+            with_estimates(&views, &static_weights, &template, &|_| 0),
             Cow::Borrowed(_)
         ));
         assert!(!uses_capacity(&Placement::default()));
+
+        // Two held replicas still pending in a Ready east: no room for them (placement
+        // adds the held replicas back); a cluster that is not Ready is left as it is.
+        let mut ready = views.clone();
+        ready[0].ready = true;
+        let pending = |cluster: &str| if cluster == "east" { 2 } else { 0 };
+        assert_eq!(
+            with_estimates(&ready, &aggregated, &template, &pending)[0].available_replicas,
+            Some(1)
+        );
+        assert_eq!(
+            with_estimates(&views, &aggregated, &template, &pending)[0].available_replicas,
+            Some(3),
+            "not Ready: unchanged"
+        );
     }
 }

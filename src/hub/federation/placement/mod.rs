@@ -362,6 +362,13 @@ fn schedule(
     spread::check_after_division(&groups, slots, total)
 }
 
+/// A cluster's room for a template: what still fits plus what it holds. `available` may
+/// be negative: [`capacity::with_estimates`] takes off the held replicas that do not run
+/// (still pending), which the member's free capacity does not count.
+fn room(available: i64, held: i32) -> u64 {
+    u64::try_from(available.saturating_add(i64::from(held))).unwrap_or(0)
+}
+
 /// The weight of a candidate and where it came from. `targets` is the prepared
 /// staticWeightList (None when there is none); `values` is its scratch space. A dynamic
 /// weight is the template's room in the cluster: what still fits plus what it holds now
@@ -376,11 +383,7 @@ fn weight_of<'c>(
     held: impl Fn() -> i32,
 ) -> (u64, WeightSource) {
     if dynamic && let Some(available) = cluster.available_replicas {
-        let held = u64::try_from(held()).unwrap_or(0);
-        return (
-            u64::try_from(available).unwrap_or(0).saturating_add(held),
-            WeightSource::Available,
-        );
+        return (room(available, held()), WeightSource::Available);
     }
     let (weight, source) = match targets {
         None => (1, StaticSource::Uniform),
@@ -498,7 +501,7 @@ fn fill_aggregated(
         let room = slot
             .cluster
             .available_replicas
-            .map(|available| u64::try_from(available).unwrap_or(0).saturating_add(held));
+            .map(|available| room(available, i32::try_from(held).unwrap_or(i32::MAX)));
         // A kept cluster takes at most what it holds.
         let room = match slot.cap {
             Some(cap) => Some(room.map_or(u64::from(cap), |r| r.min(u64::from(cap)))),

@@ -1590,7 +1590,7 @@ fn the_capacity_doc_example() {
     };
     let requesting = web(serde_json::json!({"cpu": "500m", "memory": "1Gi"}));
     let dynamic = dynamic(vec![]);
-    let estimated = with_estimates(&clusters, &dynamic, &requesting);
+    let estimated = with_estimates(&clusters, &dynamic, &requesting, &|_| 0);
     let result = run(&dynamic, 9, &estimated);
     assert_eq!(targets(&result), [("east", 5), ("north", 1), ("west", 3)]);
     assert_eq!(
@@ -1598,7 +1598,7 @@ fn the_capacity_doc_example() {
         "selected: weight 12 (available replicas), 5 of 9 replicas"
     );
 
-    let estimated = with_estimates(&clusters, &aggregated(), &requesting);
+    let estimated = with_estimates(&clusters, &aggregated(), &requesting, &|_| 0);
     assert_eq!(
         targets(&run(&aggregated(), 15, &estimated)),
         [("east", 12), ("west", 3)]
@@ -1609,7 +1609,7 @@ fn the_capacity_doc_example() {
     );
 
     let nothing = web(serde_json::json!({}));
-    let estimated = with_estimates(&clusters, &dynamic, &nothing);
+    let estimated = with_estimates(&clusters, &dynamic, &nothing, &|_| 0);
     assert_eq!(
         targets(&run(&dynamic, 9, &estimated)),
         [("east", 5), ("north", 2), ("west", 2)]
