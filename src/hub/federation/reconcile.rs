@@ -600,7 +600,11 @@ fn note_workload(
         let reference = d.spec.policy.as_ref()?;
         candidates
             .iter()
-            .find(|c| &policy_reference(c) == reference)
+            .find(|c| {
+                let candidate = policy_reference(c);
+                (&candidate.kind, &candidate.namespace, &candidate.name)
+                    == (&reference.kind, &reference.namespace, &reference.name)
+            })
             .filter(|c| c.spec.propagate_deps)
             .map(|_| d)
     });
