@@ -29,6 +29,8 @@ pub const HUB_CRDS: &[&str] = &[
     "propagationpolicies.federation.example.com",
     "clusterpropagationpolicies.federation.example.com",
     "resourcebindings.federation.example.com",
+    "overridepolicies.federation.example.com",
+    "clusteroverridepolicies.federation.example.com",
     "mydatabases.example.com",
 ];
 

@@ -13,7 +13,7 @@
 //! | its binding | that template |
 //! | one of its copies in a member | that template |
 //! | a member's copies relisted | every template |
-//! | a policy | every template |
+//! | a policy (propagation or override) | every template |
 //! | a member's view (labels, taints, readiness, capacity) or the hub's frozen state | every template |
 //! | a member write finished | that template |
 //! | time (a toleration expiring, a status waiting to be written) | that one, when due |
@@ -28,6 +28,7 @@ pub mod copies;
 pub mod copy_cache;
 pub mod kinds;
 pub mod matching;
+pub mod overrides;
 pub mod placement;
 pub mod propagation;
 pub mod queue;
@@ -50,7 +51,10 @@ use kube::{Api, Client, ResourceExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{ClusterPropagationPolicy, MemberCluster, PropagationPolicy, ResourceBinding};
+use crate::api::{
+    ClusterOverridePolicy, ClusterPropagationPolicy, MemberCluster, OverridePolicy,
+    PropagationPolicy, ResourceBinding,
+};
 use crate::hub::HubState;
 use crate::hub::federation::copy_cache::{CopyCaches, CopyEvent};
 use crate::hub::federation::scheduler::{TEMPLATE_KINDS, resource};
@@ -215,6 +219,11 @@ pub async fn run(
         everything,
     );
     streams.push(s);
+    let (override_policies, s) = reflect(Api::<OverridePolicy>::all(hub.clone()), everything);
+    streams.push(s);
+    let (cluster_override_policies, s) =
+        reflect(Api::<ClusterOverridePolicy>::all(hub.clone()), everything);
+    streams.push(s);
     let (members, s) = reflect(Api::<MemberCluster>::all(hub.clone()), everything);
     streams.push(s);
     let binding_kinds = kinds.clone();
@@ -279,6 +288,8 @@ pub async fn run(
         stores: Stores {
             policies,
             cluster_policies,
+            override_policies,
+            cluster_override_policies,
             members,
             bindings,
             templates,
