@@ -6,7 +6,8 @@
 use std::path::{Path, PathBuf};
 
 use bulkhead::api::{
-    ClusterPropagationPolicy, MemberCluster, MyDatabase, PropagationPolicy, all_crds,
+    ClusterOverridePolicy, ClusterPropagationPolicy, MemberCluster, MyDatabase, OverridePolicy,
+    PropagationPolicy, all_crds,
 };
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -91,6 +92,8 @@ fn samples_parse_round_trip_and_match_the_schemas() {
                 "MemberCluster" => round_trip::<MemberCluster>(&document),
                 "PropagationPolicy" => round_trip::<PropagationPolicy>(&document),
                 "ClusterPropagationPolicy" => round_trip::<ClusterPropagationPolicy>(&document),
+                "OverridePolicy" => round_trip::<OverridePolicy>(&document),
+                "ClusterOverridePolicy" => round_trip::<ClusterOverridePolicy>(&document),
                 "Secret" => {}
                 other => panic!("{}: unexpected kind {other}", path.display()),
             }
@@ -110,6 +113,8 @@ fn samples_parse_round_trip_and_match_the_schemas() {
         "Secret",
         "PropagationPolicy",
         "ClusterPropagationPolicy",
+        "OverridePolicy",
+        "ClusterOverridePolicy",
     ] {
         assert!(kinds.iter().any(|k| k == kind), "no sample of {kind}");
     }

@@ -7,6 +7,7 @@ pub mod condition;
 pub mod member_cluster;
 pub mod mydatabase;
 pub mod mydatabase_v1alpha1;
+pub mod override_policy;
 pub mod propagation_policy;
 pub mod resource_binding;
 pub mod resource_interpreter;
@@ -16,6 +17,9 @@ pub use condition::{
 };
 pub use member_cluster::{MemberCluster, MemberClusterSpec, MemberClusterStatus};
 pub use mydatabase::{MyDatabase, MyDatabaseSpec, MyDatabaseStatus};
+pub use override_policy::{
+    ClusterOverridePolicy, ClusterOverridePolicySpec, OverridePolicy, OverrideSpec,
+};
 pub use propagation_policy::{
     ClusterPropagationPolicy, ClusterPropagationPolicySpec, PropagationPolicy, PropagationSpec,
 };
@@ -69,6 +73,14 @@ pub fn all_crds() -> Vec<(&'static str, CustomResourceDefinition)> {
         (
             "federation.example.com_resourceinterpreters.yaml",
             ResourceInterpreter::crd(),
+        ),
+        (
+            "federation.example.com_overridepolicies.yaml",
+            OverridePolicy::crd(),
+        ),
+        (
+            "federation.example.com_clusteroverridepolicies.yaml",
+            ClusterOverridePolicy::crd(),
         ),
     ]
 }

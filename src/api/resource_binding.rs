@@ -211,4 +211,13 @@ pub struct ClusterPlacementStatus {
     /// Why the copy is not applied or not healthy, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The override policies that changed this cluster's copy, in the order they
+    /// applied, e.g. `ClusterOverridePolicy/registry-mirror`, `OverridePolicy/web-east`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub overrides: Vec<String>,
+    /// An override failed on the template for this cluster (the message says which
+    /// policy, rule, overrider and path): nothing was applied there, and the copy the
+    /// cluster already holds, if any, is left exactly as it is.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub override_failed: bool,
 }

@@ -1,5 +1,6 @@
 //! `bulkhead get clusters`: the members as the hub sees them. `bulkhead get bindings`:
-//! each ResourceBinding's decision and what happened in every cluster.
+//! each ResourceBinding's decision and what happened in every cluster, including the
+//! override policies applied to each cluster's copy.
 
 use anyhow::{Context, Result};
 use kube::Api;
@@ -106,8 +107,16 @@ pub fn bindings_table(bindings: &[ResourceBinding]) -> String {
         }
         let mut rows = vec![
             [
-                "CLUSTER", "SELECTED", "REPLICAS", "APPLIED", "HEALTH", "READY", "FENCED",
-                "CLEANUP", "REASON",
+                "CLUSTER",
+                "SELECTED",
+                "REPLICAS",
+                "APPLIED",
+                "HEALTH",
+                "READY",
+                "FENCED",
+                "CLEANUP",
+                "OVERRIDES",
+                "REASON",
             ]
             .map(String::from)
             .to_vec(),
@@ -147,6 +156,7 @@ pub fn bindings_table(bindings: &[ResourceBinding]) -> String {
                 row.map(|r| flag(r.fenced)).unwrap_or_else(|| "-".into()),
                 row.map(|r| if r.pending_cleanup { "pending" } else { "-" }.to_string())
                     .unwrap_or_else(|| "-".into()),
+                row.map(overrides_cell).unwrap_or_else(|| "-".into()),
                 reason,
             ]);
         }
@@ -156,6 +166,19 @@ pub fn bindings_table(bindings: &[ResourceBinding]) -> String {
         out.push_str("no ResourceBindings\n");
     }
     out
+}
+
+/// The OVERRIDES cell of a cluster: the override policies applied to its copy, in the
+/// order they applied (`ClusterOverridePolicy/mirror,OverridePolicy/web-east`), `FAILED`
+/// when one failed (the reason says which and where), `-` when none applies.
+fn overrides_cell(row: &crate::api::resource_binding::ClusterPlacementStatus) -> String {
+    if row.override_failed {
+        "FAILED".into()
+    } else if row.overrides.is_empty() {
+        "-".into()
+    } else {
+        row.overrides.join(",")
+    }
 }
 
 /// Age as kubectl prints it: 45s, 12m, 5h, 3d.
@@ -321,8 +344,10 @@ mod tests {
                     {"cluster": "west", "selected": true, "replicas": 3, "reason": "weight 1"}],
                 "clusters": [
                     {"name": "east", "pendingCleanup": true, "message": "removed from the placement; deleted once reachable"},
-                    {"name": "north", "applied": true, "health": "Healthy", "readyReplicas": 3},
-                    {"name": "west", "applied": true, "health": "Healthy", "readyReplicas": 3}]
+                    {"name": "north", "applied": false, "health": "Unhealthy", "readyReplicas": 3, "overrideFailed": true,
+                     "message": "override failed: OverridePolicy/shop/bad spec.overrideRules[0].overriders.plaintext[0] at /spec/x: replace failed"},
+                    {"name": "west", "applied": true, "health": "Healthy", "readyReplicas": 3,
+                     "overrides": ["ClusterOverridePolicy/mirror", "OverridePolicy/web-west"]}]
             }
         }))
         .unwrap();
@@ -347,9 +372,29 @@ mod tests {
             .unwrap();
         let cells: Vec<&str> = west.split_whitespace().collect();
         assert_eq!(
-            &cells[..6],
-            ["west", "yes", "3", "yes", "Healthy", "3"],
+            &cells[..9],
+            [
+                "west",
+                "yes",
+                "3",
+                "yes",
+                "Healthy",
+                "3",
+                "-",
+                "-",
+                "ClusterOverridePolicy/mirror,OverridePolicy/web-west"
+            ],
             "{west}"
+        );
+        let north = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("north"))
+            .unwrap();
+        let cells: Vec<&str> = north.split_whitespace().collect();
+        assert_eq!(cells[8], "FAILED", "{north}");
+        assert!(
+            north.contains("override failed: OverridePolicy/shop/bad"),
+            "{north}"
         );
         assert_eq!(bindings_table(&[]), "no ResourceBindings\n");
     }

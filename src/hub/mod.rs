@@ -30,6 +30,8 @@ pub const HUB_CRDS: &[&str] = &[
     "clusterpropagationpolicies.federation.example.com",
     "resourcebindings.federation.example.com",
     "resourceinterpreters.federation.example.com",
+    "overridepolicies.federation.example.com",
+    "clusteroverridepolicies.federation.example.com",
     "mydatabases.example.com",
 ];
 

@@ -10,7 +10,10 @@ use serde_json::Value;
 
 use super::tenants::TenantRegistry;
 use super::{mutate, validate};
-use crate::api::{ClusterPropagationPolicy, MemberCluster, MyDatabase, PropagationPolicy};
+use crate::api::{
+    ClusterOverridePolicy, ClusterPropagationPolicy, MemberCluster, MyDatabase, OverridePolicy,
+    PropagationPolicy,
+};
 
 /// What the handlers need besides the request.
 pub struct AdmissionState {
@@ -158,6 +161,35 @@ pub fn review(
                     &described,
                     &spec,
                     kind == "PropagationPolicy",
+                    known.as_deref().map(Vec::as_slice),
+                );
+                if problems.is_empty() {
+                    Ok(vec![])
+                } else {
+                    Err(problems)
+                }
+            })
+        }
+        (Hook::Validate, "OverridePolicy" | "ClusterOverridePolicy") => {
+            let namespaced = kind == "OverridePolicy";
+            let operators = validate::override_operators(&described, &object);
+            let spec = if !operators.is_empty() {
+                Err(operators)
+            } else if namespaced {
+                typed::<OverridePolicy>(&object, &described)
+                    .map(|p| p.spec)
+                    .map_err(|e| vec![e])
+            } else {
+                typed::<ClusterOverridePolicy>(&object, &described)
+                    .map(|p| p.spec.policy)
+                    .map_err(|e| vec![e])
+            };
+            spec.and_then(|spec| {
+                let known = state.known_clusters.as_ref().map(|k| k.load_full());
+                let problems = validate::override_policy(
+                    &described,
+                    &spec,
+                    namespaced,
                     known.as_deref().map(Vec::as_slice),
                 );
                 if problems.is_empty() {
@@ -337,6 +369,99 @@ mod tests {
             "705ab4f5-6393-11e8-b7cc-42010a800002"
         );
         assert_eq!(body["response"]["allowed"], false);
+    }
+
+    fn override_policy(kind: &str, overriders: Value) -> Value {
+        let mut policy = serde_json::json!({
+            "apiVersion": "federation.example.com/v1alpha1", "kind": kind,
+            "metadata": {"name": "web-east", "namespace": "shop"},
+            "spec": {"resourceSelectors": [{"apiVersion": "apps/v1", "kind": "Deployment"}],
+                     "overrideRules": [{"targetCluster": {"zones": ["zone-a"]}, "overriders": overriders}]}
+        });
+        if kind == "ClusterOverridePolicy" {
+            policy["metadata"]
+                .as_object_mut()
+                .unwrap()
+                .remove("namespace");
+        }
+        policy
+    }
+
+    fn override_answer(kind: &str, overriders: Value) -> (AdmissionResponse, Outcome) {
+        let body = request(
+            kind,
+            "federation.example.com",
+            "v1alpha1",
+            override_policy(kind, overriders),
+        );
+        answer(Hook::Validate, &body, &state())
+    }
+
+    #[test]
+    fn override_policies_are_validated_with_the_field_and_the_fix() {
+        for kind in ["OverridePolicy", "ClusterOverridePolicy"] {
+            let (_, outcome) = override_answer(
+                kind,
+                serde_json::json!({"imageOverrider": [{"component": "Registry", "operator": "replace", "value": "mirror.east.example"}]}),
+            );
+            assert_eq!(outcome, Outcome::Allowed, "{kind}");
+        }
+        let object = "OverridePolicy shop/web-east";
+        let base = "spec.overrideRules[0].overriders";
+        for (overriders, expected) in [
+            (
+                serde_json::json!({"plaintext": [{"op": "replace", "path": "spec/template", "value": 1}]}),
+                format!(
+                    "{object}: {base}.plaintext[0]: path \"spec/template\" is not a JSON pointer"
+                ),
+            ),
+            (
+                serde_json::json!({"imageOverrider": [{"component": "Registry", "operator": "append", "value": "m.example"}]}),
+                format!(
+                    "{object}: {base}.imageOverrider[0].operator \"append\" is not an operator; use add, remove or replace"
+                ),
+            ),
+            (
+                serde_json::json!({"plaintext": [{"op": "merge", "path": "/spec"}]}),
+                format!("{object}: {base}.plaintext[0].op \"merge\" is not an RFC 6902 operation"),
+            ),
+            (
+                serde_json::json!({"imageOverrider": [{"component": "Tag", "operator": "replace"}]}),
+                format!(
+                    "{object}: {base}.imageOverrider[0]: value is required for operator replace: give the new tag"
+                ),
+            ),
+            (
+                serde_json::json!({"imageOverrider": [{"component": "Registry", "operator": "replace", "value": "mirror"}]}),
+                format!(
+                    "{object}: {base}.imageOverrider[0]: \"mirror\" is not a registry: use a host name with a dot or a port"
+                ),
+            ),
+            (
+                serde_json::json!({"plaintext": [{"op": "replace", "path": "/spec/replicas", "value": 3}]}),
+                format!(
+                    "{object}: {base}.plaintext[0]: op replace on /spec/replicas, a field the hub owns: /spec/replicas of a divided kind is each cluster's share"
+                ),
+            ),
+            (
+                serde_json::json!({"labelsOverrider": [{"operator": "remove", "value": {"federation.example.com/binding": ""}}]}),
+                format!(
+                    "{object}: {base}.labelsOverrider[0]: federation.example.com/binding is one of Bulkhead's own labels"
+                ),
+            ),
+            (
+                serde_json::json!({}),
+                format!("{object}: {base}: is empty; give at least one overrider"),
+            ),
+        ] {
+            let (response, outcome) = override_answer("OverridePolicy", overriders.clone());
+            assert_eq!(outcome, Outcome::Denied, "{overriders}");
+            assert!(
+                response.result.message.starts_with(&expected),
+                "{overriders}:\n{}\nwanted: {expected}",
+                response.result.message
+            );
+        }
     }
 
     #[test]

@@ -141,12 +141,24 @@ fn validating_hooks(role: ClusterRole) -> Vec<Hook> {
                 cluster_scoped: false,
             });
             hooks.push(Hook {
+                name: "overridepolicies.validate.federation.example.com",
+                rules: vec![rule(
+                    "federation.example.com",
+                    "v1alpha1",
+                    &["overridepolicies"],
+                    &["CREATE", "UPDATE"],
+                )],
+                failure_policy: "Fail",
+                cluster_scoped: false,
+            });
+            hooks.push(Hook {
                 name: "clusterscoped.validate.federation.example.com",
                 rules: vec![rule(
                     "federation.example.com",
                     "v1alpha1",
                     &[
                         "clusterpropagationpolicies",
+                        "clusteroverridepolicies",
                         "memberclusters",
                         "resourceinterpreters",
                     ],
@@ -350,11 +362,27 @@ mod tests {
         }
     }
 
+    fn hub_hooks(spec: &ConfigurationSpec) -> Vec<ValidatingWebhook> {
+        validating(spec, ClusterRole::Hub).webhooks.unwrap()
+    }
+
     #[test]
     fn hub_and_member_get_the_right_hooks() {
         let hub = validating(&spec(), ClusterRole::Hub);
         let names: Vec<String> = hub.webhooks.unwrap().into_iter().map(|w| w.name).collect();
         assert!(names.iter().any(|n| n.starts_with("propagationpolicies")));
+        assert!(names.iter().any(|n| n.starts_with("overridepolicies")));
+        let cluster_scoped = hub_hooks(&spec())
+            .into_iter()
+            .find(|w| w.name.starts_with("clusterscoped"))
+            .unwrap();
+        assert!(
+            cluster_scoped.rules.unwrap()[0]
+                .resources
+                .as_ref()
+                .unwrap()
+                .contains(&"clusteroverridepolicies".to_string())
+        );
         assert!(!names.iter().any(|n| n.starts_with("statefulsets")));
         let member = validating(&spec(), ClusterRole::Member);
         let hooks = member.webhooks.unwrap();

@@ -5,6 +5,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Toleration;
 
 use super::tenants::TenantRules;
+use crate::api::OverrideSpec;
 use crate::api::member_cluster::MemberClusterSpec;
 use crate::api::propagation_policy::{
     MAX_STATIC_WEIGHTS, MAX_WEIGHT, PropagationSpec, ReplicaSchedulingType,
@@ -396,6 +397,139 @@ fn min_per_cluster_problems(
     }
 }
 
+/// The operators of an OverridePolicy / ClusterOverridePolicy as sent (before it is read
+/// as its type, which would only say that some variant is unknown): every `operator`,
+/// `component` and plaintext `op` must be one the kind knows.
+pub fn override_operators(object: &str, raw: &serde_json::Value) -> Vec<String> {
+    const OPERATORS: [&str; 3] = ["add", "remove", "replace"];
+    let mut problems = vec![];
+    let rules = raw["spec"]["overrideRules"].as_array();
+    for (r, rule) in rules.into_iter().flatten().enumerate() {
+        let base = format!("spec.overrideRules[{r}].overriders");
+        let overriders = &rule["overriders"];
+        for field in [
+            "imageOverrider",
+            "commandOverrider",
+            "argsOverrider",
+            "envOverrider",
+            "labelsOverrider",
+            "annotationsOverrider",
+        ] {
+            for (i, entry) in overriders[field]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                if let Some(operator) = entry["operator"].as_str()
+                    && !OPERATORS.contains(&operator)
+                {
+                    problems.push(format!(
+                        "{object}: {base}.{field}[{i}].operator {operator:?} is not an operator; use add, remove or replace"
+                    ));
+                }
+                if field == "imageOverrider"
+                    && let Some(component) = entry["component"].as_str()
+                    && !["Registry", "Repository", "Tag"].contains(&component)
+                {
+                    problems.push(format!(
+                        "{object}: {base}.{field}[{i}].component {component:?} is not an image component; use Registry, Repository or Tag"
+                    ));
+                }
+            }
+        }
+        for (i, entry) in overriders["plaintext"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            if let Some(op) = entry["op"].as_str()
+                && !["add", "remove", "replace", "test", "move", "copy"].contains(&op)
+            {
+                problems.push(format!(
+                    "{object}: {base}.plaintext[{i}].op {op:?} is not an RFC 6902 operation; use add, remove, replace, test, move or copy"
+                ));
+            }
+        }
+    }
+    problems
+}
+
+/// OverridePolicy / ClusterOverridePolicy rules (docs/overrides.md): selectors as for a
+/// propagation policy, at least one rule with at least one overrider, and every
+/// overrider well-formed (the rules the hub applies again when it overrides a copy:
+/// `hub/federation/overrides.rs`): JSON pointers, values where required, valid image
+/// components, no change to a field the hub owns. `known_clusters` (strict mode) rejects
+/// target cluster names that are not registered.
+pub fn override_policy(
+    object: &str,
+    spec: &OverrideSpec,
+    namespaced: bool,
+    known_clusters: Option<&[String]>,
+) -> Vec<String> {
+    use crate::hub::federation::overrides::spec_problems;
+    let kind = if namespaced {
+        "OverridePolicy"
+    } else {
+        "ClusterOverridePolicy"
+    };
+    let mut problems = vec![];
+    if spec.resource_selectors.is_empty() {
+        problems.push(format!("{object}: spec.resourceSelectors is empty; add at least one selector (apiVersion and kind)"));
+    }
+    for (i, selector) in spec.resource_selectors.iter().enumerate() {
+        if selector.api_version.is_empty() || selector.kind.is_empty() {
+            problems.push(format!(
+                "{object}: spec.resourceSelectors[{i}] needs apiVersion and kind; set both, for example apiVersion apps/v1 and kind Deployment"
+            ));
+        }
+        if selector.name.is_some() && selector.label_selector.is_some() {
+            problems.push(format!(
+                "{object}: spec.resourceSelectors[{i}] sets both name and labelSelector; keep one"
+            ));
+        }
+        if namespaced && selector.namespace.is_some() {
+            problems.push(format!(
+                "{object}: spec.resourceSelectors[{i}].namespace is only for ClusterOverridePolicy; an OverridePolicy selects in its own namespace"
+            ));
+        }
+    }
+    if spec.override_rules.is_empty() {
+        problems.push(format!(
+            "{object}: spec.overrideRules is empty; add at least one rule (targetCluster and overriders), or delete the {kind}"
+        ));
+    }
+    // A selected kind the hub divides: its spec.replicas is each cluster's share.
+    let divided = spec.resource_selectors.iter().any(|s| {
+        crate::hub::federation::interpreter::Interpreters::built_in()
+            .get(&s.api_version, &s.kind)
+            .divisible()
+    });
+    for (field, problem) in spec_problems(spec, divided.then_some("/spec/replicas")) {
+        problems.push(format!("{object}: {field}: {problem}"));
+    }
+    if let Some(known) = known_clusters {
+        for (r, rule) in spec.override_rules.iter().enumerate() {
+            let Some(target) = &rule.target_cluster else {
+                continue;
+            };
+            for (list, names) in [
+                ("clusterNames", &target.cluster_names),
+                ("exclude", &target.exclude),
+            ] {
+                for name in names.iter().filter(|n| !known.contains(n)) {
+                    problems.push(format!(
+                        "{object}: spec.overrideRules[{r}].targetCluster.{list} names cluster {name:?}, which is not a registered MemberCluster (strict mode); use one of the known clusters ({}) or join it first (bulkhead join)",
+                        known.join(", ")
+                    ));
+                }
+            }
+        }
+    }
+    problems
+}
+
 /// MemberCluster rules: a Secret reference and DNS-label zone/region.
 pub fn member_cluster(object: &str, spec: &MemberClusterSpec) -> Vec<String> {
     let mut problems = vec![];
@@ -712,6 +846,53 @@ mod tests {
         spec.resource_selectors[0].namespace = Some("other".into());
         assert!(policy("p", &spec, true, None)[0].contains("only for ClusterPropagationPolicy"));
         assert!(policy("p", &spec, false, None).is_empty());
+    }
+
+    #[test]
+    fn override_policies_need_selectors_rules_and_known_clusters() {
+        use crate::api::override_policy::{OverrideRule, Overriders, PlaintextOverrider};
+        let object = "OverridePolicy shop/p";
+        let mut spec = OverrideSpec {
+            resource_selectors: policy_spec().resource_selectors,
+            override_rules: vec![],
+        };
+        let problems = override_policy(object, &spec, true, None);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].contains("spec.overrideRules is empty"));
+        spec.override_rules.push(OverrideRule {
+            target_cluster: Some(crate::api::propagation_policy::ClusterAffinity {
+                cluster_names: vec!["mars".into()],
+                ..Default::default()
+            }),
+            overriders: Overriders {
+                plaintext: vec![PlaintextOverrider {
+                    op: crate::api::override_policy::PatchOp::Add,
+                    path: "/spec/paused".into(),
+                    value: Some(serde_json::json!(true)),
+                    from: None,
+                }],
+                ..Default::default()
+            },
+        });
+        assert!(override_policy(object, &spec, true, None).is_empty());
+        let known = vec!["east".to_string()];
+        let strict = override_policy(object, &spec, true, Some(&known));
+        assert!(
+            strict.len() == 1
+                && strict[0].contains("targetCluster.clusterNames names cluster \"mars\""),
+            "{strict:?}"
+        );
+        spec.resource_selectors[0].namespace = Some("other".into());
+        assert!(
+            override_policy(object, &spec, true, None)[0]
+                .contains("only for ClusterOverridePolicy")
+        );
+        assert!(override_policy(object, &spec, false, None).is_empty());
+        spec.resource_selectors.clear();
+        assert!(
+            override_policy(object, &spec, false, None)[0]
+                .contains("spec.resourceSelectors is empty")
+        );
     }
 
     #[test]

@@ -35,6 +35,10 @@ pub struct CopyObservation {
     pub reports_readiness: bool,
     /// For a kind whose health is a condition: whether the copy's condition says healthy.
     pub condition_healthy: Option<bool>,
+    /// The override policies applied to the copy, in order.
+    pub overrides: Vec<String>,
+    /// An override failed for this cluster: nothing is applied there.
+    pub override_failed: bool,
 }
 
 fn int(status: &Option<Value>, field: &str) -> i32 {
@@ -127,6 +131,8 @@ pub fn binding_rows(
             fenced: o.fenced,
             pending_cleanup: pending_cleanup.contains(&o.cluster),
             message: o.message.clone(),
+            overrides: o.overrides.clone(),
+            override_failed: o.override_failed,
         })
         .collect();
     for cluster in pending_cleanup {
@@ -219,6 +225,10 @@ pub fn template_conditions(
 /// partition to heal.
 pub const WAITING_FOR_PARTITION: &str = "WaitingForPartition";
 
+/// The Propagated reason while an override fails on the template for a placed cluster
+/// (nothing is applied there; the row says which policy, rule and path).
+pub const OVERRIDE_FAILED: &str = "OverrideFailed";
+
 /// `waiting_for` names the not-Ready clusters a stateful template's placement change
 /// waits for (the partition freeze): `Propagated=False, reason=WaitingForPartition`.
 pub fn binding_conditions(
@@ -270,6 +280,8 @@ pub fn binding_conditions(
         )
     } else if conflict {
         (false, "Conflict", not_applied.join("; "))
+    } else if placed.iter().any(|r| r.override_failed) {
+        (false, OVERRIDE_FAILED, not_applied.join("; "))
     } else {
         (false, "Pending", not_applied.join("; "))
     };
@@ -525,7 +537,7 @@ mod tests {
             message: None,
             present: true,
             reports_readiness: true,
-            condition_healthy: None,
+            ..Default::default()
         }
     }
 
@@ -733,6 +745,30 @@ mod tests {
         assert_eq!(
             (degraded.status.as_str(), degraded.reason.as_str()),
             ("True", "ClusterUnreachable")
+        );
+
+        // An override that fails for one cluster: Propagated=False(OverrideFailed), the
+        // row says it and lists no override; the other row lists its overrides.
+        let mut failing = observations.clone();
+        failing[0].overrides = vec!["ClusterOverridePolicy/mirror".into()];
+        failing[1].applied = false;
+        failing[1].override_failed = true;
+        failing[1].message = Some("override failed: OverridePolicy/shop/p ...".into());
+        let rows = binding_rows(&failing, &[]);
+        assert_eq!(rows[0].overrides, ["ClusterOverridePolicy/mirror"]);
+        assert!(rows[1].override_failed && rows[1].overrides.is_empty());
+        binding_conditions(&mut conditions, &failing, &rows, &[], Some(1));
+        let propagated = find_condition(&conditions, "Propagated").unwrap();
+        assert_eq!(
+            (propagated.status.as_str(), propagated.reason.as_str()),
+            ("False", OVERRIDE_FAILED)
+        );
+        assert!(
+            propagated
+                .message
+                .starts_with("west: override failed: OverridePolicy/shop/p"),
+            "{}",
+            propagated.message
         );
     }
 

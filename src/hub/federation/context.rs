@@ -15,7 +15,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 
-use crate::api::{ClusterPropagationPolicy, MemberCluster, PropagationPolicy, ResourceBinding};
+use crate::api::{
+    ClusterOverridePolicy, ClusterPropagationPolicy, MemberCluster, OverridePolicy,
+    PropagationPolicy, ResourceBinding,
+};
 use crate::hub::HubState;
 use crate::hub::federation::copy_cache::{CopyCaches, Kinds};
 use crate::hub::federation::interpreter::Interpretation;
@@ -180,6 +183,8 @@ impl RateLimit {
 pub(super) struct Stores {
     pub policies: Store<PropagationPolicy>,
     pub cluster_policies: Store<ClusterPropagationPolicy>,
+    pub override_policies: Store<OverridePolicy>,
+    pub cluster_override_policies: Store<ClusterOverridePolicy>,
     pub members: Store<MemberCluster>,
     pub bindings: Store<ResourceBinding>,
     /// By kind index (the order of `Context::kinds`).
@@ -200,6 +205,8 @@ impl Stores {
     pub fn ready(&self) -> bool {
         is_ready(&self.policies)
             && is_ready(&self.cluster_policies)
+            && is_ready(&self.override_policies)
+            && is_ready(&self.cluster_override_policies)
             && is_ready(&self.members)
             && is_ready(&self.bindings)
             && self.templates.iter().all(is_ready)
@@ -443,6 +450,14 @@ impl Context {
         (
             self.stores.policies.state(),
             self.stores.cluster_policies.state(),
+        )
+    }
+
+    /// Every override policy.
+    pub fn override_policies(&self) -> (Vec<Arc<OverridePolicy>>, Vec<Arc<ClusterOverridePolicy>>) {
+        (
+            self.stores.override_policies.state(),
+            self.stores.cluster_override_policies.state(),
         )
     }
 

@@ -127,6 +127,25 @@ pub fn member_copy(
     copy
 }
 
+/// Recomputes a copy's applied-hash annotation over its body as it is now (after the
+/// overrides changed it). The same body gives the same hash as [`member_copy`] gives it.
+pub fn restamp(copy: &mut Value) {
+    if let Some(annotations) = copy["metadata"]["annotations"].as_object_mut() {
+        annotations.remove(ANNOTATION_APPLIED_HASH);
+    }
+    let hash = applied_hash(copy);
+    if let Some(annotations) = copy["metadata"]
+        .as_object_mut()
+        .map(|m| {
+            m.entry("annotations")
+                .or_insert_with(|| Value::Object(Map::new()))
+        })
+        .and_then(Value::as_object_mut)
+    {
+        annotations.insert(ANNOTATION_APPLIED_HASH.into(), Value::String(hash));
+    }
+}
+
 /// The hash of a copy's body (what [`ANNOTATION_APPLIED_HASH`] records), stable across
 /// processes and versions: the same template gives the same hash on every hub.
 pub fn applied_hash(copy: &Value) -> String {

@@ -111,6 +111,19 @@ impl FieldPath {
         self.segments.contains(&Segment::Each)
     }
 
+    /// The path as a JSON pointer (RFC 6901), e.g. `/spec/replicas`; None with `[]`.
+    pub fn pointer(&self) -> Option<String> {
+        let mut out = String::new();
+        for segment in &self.segments {
+            let Segment::Field(name) = segment else {
+                return None;
+            };
+            out.push('/');
+            out.push_str(&name.replace('~', "~0").replace('/', "~1"));
+        }
+        Some(out)
+    }
+
     /// The value at the path (paths with `[]` name no single value).
     pub fn get<'a>(&self, value: &'a Value) -> Option<&'a Value> {
         let mut at = value;
@@ -855,6 +868,13 @@ mod tests {
             let error = FieldPath::parse(bad).unwrap_err();
             assert!(error.contains(says), "{bad}: {error}");
         }
+    }
+
+    #[test]
+    fn paths_are_json_pointers_too() {
+        let path = FieldPath::parse(".metadata.labels['a/b~c']").unwrap();
+        assert_eq!(path.pointer().as_deref(), Some("/metadata/labels/a~1b~0c"));
+        assert_eq!(FieldPath::parse(".spec.ports[].x").unwrap().pointer(), None);
     }
 
     #[test]

@@ -13,7 +13,7 @@
 //! | its binding | that template |
 //! | one of its copies in a member | that template |
 //! | a member's copies relisted | every template |
-//! | a policy | every template |
+//! | a policy (propagation or override) | every template |
 //! | a member's view (labels, taints, readiness, capacity) or the hub's frozen state | every template |
 //! | a member write finished | that template |
 //! | time (a toleration expiring, a status waiting to be written) | that one, when due |
@@ -32,6 +32,7 @@ pub mod follow;
 pub mod interpreter;
 pub mod kinds;
 pub mod matching;
+pub mod overrides;
 pub mod placement;
 pub mod policy_status;
 pub mod propagation;
@@ -55,7 +56,10 @@ use kube::{Api, Client, ResourceExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{ClusterPropagationPolicy, MemberCluster, PropagationPolicy, ResourceBinding};
+use crate::api::{
+    ClusterOverridePolicy, ClusterPropagationPolicy, MemberCluster, OverridePolicy,
+    PropagationPolicy, ResourceBinding,
+};
 use crate::hub::HubState;
 use crate::hub::federation::copy_cache::{CopyCaches, CopyEvent, Kinds};
 use crate::hub::federation::discovery::{Gvk, KindNeeds};
@@ -254,6 +258,11 @@ async fn run_kinds(
         policy_status::spec_changes(everything),
     );
     streams.push(s);
+    let (override_policies, s) = reflect(Api::<OverridePolicy>::all(hub.clone()), everything);
+    streams.push(s);
+    let (cluster_override_policies, s) =
+        reflect(Api::<ClusterOverridePolicy>::all(hub.clone()), everything);
+    streams.push(s);
     let (members, s) = reflect(Api::<MemberCluster>::all(hub.clone()), everything);
     streams.push(s);
     let binding_kinds = kinds.clone();
@@ -328,6 +337,8 @@ async fn run_kinds(
         stores: Stores {
             policies,
             cluster_policies,
+            override_policies,
+            cluster_override_policies,
             members,
             bindings,
             templates,

@@ -28,6 +28,7 @@ use serde_json::Value;
 use crate::api::resource_binding::TargetCluster;
 use crate::hub::federation::copies::member_copy;
 use crate::hub::federation::interpreter::Interpretation;
+use crate::hub::federation::overrides::{OverrideError, TemplateOverrides};
 
 /// What the hub knows about one member cluster and the template's copy in it.
 #[derive(Clone, Copy, Debug)]
@@ -61,6 +62,9 @@ pub struct PlanInput<'a> {
     pub members: &'a [MemberCopy<'a>],
     /// Clusters the binding's status records as still holding a copy to delete.
     pub pending: &'a [String],
+    /// The override policies of the template, applied to each cluster's copy (None: no
+    /// overrides).
+    pub overrides: Option<&'a TemplateOverrides<'a>>,
 }
 
 /// Server-side apply of a copy to a member.
@@ -99,6 +103,12 @@ pub struct Plan {
     pub waiting_for: Vec<String>,
     /// The clusters whose copy the freeze keeps as it is (not deleted, not shrunk).
     pub held: Vec<String>,
+    /// Every placed cluster whose copy was built: the override policies that applied to
+    /// it, in order (empty when none did).
+    pub overrides: BTreeMap<String, Vec<String>>,
+    /// Placed clusters where an override failed: nothing is applied there (the existing
+    /// copy, if any, stays as it is). The message says which policy, rule and path.
+    pub override_failures: BTreeMap<String, String>,
 }
 
 /// `spec.replicas` of a copy.
@@ -204,6 +214,22 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                     Some(replicas),
                     input.interpretation,
                 );
+                // Overrides per cluster; one that fails applies nothing there.
+                let desired = match input.overrides {
+                    None => desired,
+                    Some(overrides) => match overrides.copy_for(member.cluster, desired) {
+                        Ok((overridden, applied)) => {
+                            plan.overrides.insert(cluster.clone(), applied);
+                            overridden
+                        }
+                        Err(error) => {
+                            let message = override_failure(&error, member.cluster);
+                            plan.notes.insert(cluster.clone(), message.clone());
+                            plan.override_failures.insert(cluster, message);
+                            continue;
+                        }
+                    },
+                };
                 if member.copy.is_some_and(|copy| copy_matches(&desired, copy)) {
                     continue;
                 }
@@ -263,6 +289,13 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
         plan.held = held;
     }
     plan
+}
+
+/// The binding row's message for an override that failed on `cluster`.
+pub fn override_failure(error: &OverrideError, cluster: &str) -> String {
+    format!(
+        "override failed: {error}; nothing of this template is applied to {cluster} until the override policy is fixed (the copy there, if any, is left as it is)"
+    )
 }
 
 /// Stateful kinds only: the clusters of the current placement (the previous decision,
@@ -434,6 +467,7 @@ mod tests {
             deleting: false,
             members,
             pending: &[],
+            overrides: None,
         }
     }
 
@@ -460,6 +494,107 @@ mod tests {
             .collect();
         assert_eq!(applied, [("east", 4, true), ("west", 2, true)]);
         assert!(plan.deletes.is_empty() && plan.pending_cleanup.is_empty());
+    }
+
+    /// Overrides per cluster: east gets its override (and a hash of its own, so a change
+    /// of the override re-applies it), west the plain copy; a failing override applies
+    /// nothing there and leaves the copy as it is, while the other clusters go on.
+    #[test]
+    fn overrides_change_only_their_clusters_and_a_failure_applies_nothing_there() {
+        use crate::api::override_policy::{
+            ImageComponent, ImageOverrider, Operator, OverrideRule, OverrideSpec, Overriders,
+            PatchOp, PlaintextOverrider,
+        };
+        use crate::api::propagation_policy::{ClusterAffinity, ResourceSelector};
+        use crate::hub::federation::matching::PolicyScope;
+        use crate::hub::federation::overrides::{OverridePolicyRef, WorkloadPaths};
+        use crate::hub::federation::placement::ClusterView;
+        let rule = |zone: &str, overriders: Overriders| OverrideRule {
+            target_cluster: Some(ClusterAffinity {
+                zones: vec![zone.into()],
+                ..Default::default()
+            }),
+            overriders,
+        };
+        let spec = OverrideSpec {
+            resource_selectors: vec![ResourceSelector {
+                api_version: "apps/v1".into(),
+                kind: "Deployment".into(),
+                ..Default::default()
+            }],
+            override_rules: vec![
+                rule(
+                    "zone-a",
+                    Overriders {
+                        image_overrider: vec![ImageOverrider {
+                            component: ImageComponent::Registry,
+                            operator: Operator::Replace,
+                            value: "mirror.east.example".into(),
+                            container_names: vec![],
+                        }],
+                        ..Default::default()
+                    },
+                ),
+                rule(
+                    "zone-c",
+                    Overriders {
+                        plaintext: vec![PlaintextOverrider {
+                            op: PatchOp::Replace,
+                            path: "/spec/nothing".into(),
+                            value: Some(serde_json::json!(1)),
+                            from: None,
+                        }],
+                        ..Default::default()
+                    },
+                ),
+            ],
+        };
+        let views: Vec<ClusterView> = [("east", "zone-a"), ("west", "zone-b"), ("north", "zone-c")]
+            .iter()
+            .map(|(name, zone)| ClusterView {
+                name: name.to_string(),
+                zone: zone.to_string(),
+                ready: true,
+                ..Default::default()
+            })
+            .collect();
+        let overrides = TemplateOverrides {
+            policies: vec![OverridePolicyRef {
+                scope: PolicyScope::Namespaced,
+                namespace: Some("shop"),
+                name: "web-zones",
+                spec: &spec,
+            }],
+            clusters: &views,
+            paths: WorkloadPaths::builtin("apps/v1", "Deployment"),
+        };
+        let template = template(6);
+        let targets = targets(&[("east", 2), ("west", 2), ("north", 2)]);
+        let west = copy(2, 2, "w");
+        let north = copy(1, 1, "n");
+        let members = [
+            member("east", None),
+            member("west", Some(&west)),
+            member("north", Some(&north)),
+        ];
+        let plan = plan(&PlanInput {
+            overrides: Some(&overrides),
+            ..input(&template, &targets, &members)
+        });
+        let applied: Vec<&str> = plan.applies.iter().map(|a| a.cluster.as_str()).collect();
+        assert_eq!(applied, ["east"], "west matches already, north fails");
+        let image = &plan.applies[0].object["spec"]["template"]["spec"]["containers"][0]["image"];
+        assert_eq!(image, "mirror.east.example/nginx");
+        assert_eq!(plan.overrides["east"], ["OverridePolicy/web-zones"]);
+        assert!(plan.overrides["west"].is_empty());
+        let failure = &plan.override_failures["north"];
+        assert!(
+            failure.starts_with("override failed: OverridePolicy/shop/web-zones spec.overrideRules[1].overriders.plaintext[0] at /spec/nothing")
+                && failure.contains("nothing of this template is applied to north"),
+            "{failure}"
+        );
+        assert_eq!(plan.notes["north"], *failure);
+        assert!(plan.deletes.is_empty(), "a failure never deletes");
     }
 
     #[test]
@@ -682,6 +817,7 @@ mod tests {
             deleting: false,
             members,
             pending: &[],
+            overrides: None,
         }
     }
 
@@ -845,6 +981,7 @@ mod tests {
             deleting: false,
             members: &members,
             pending: &[],
+            overrides: None,
         });
         assert_eq!(plan.applies.len(), 2);
         assert_eq!(plan.applies[0].object["data"]["k"], "v");

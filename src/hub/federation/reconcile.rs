@@ -29,6 +29,7 @@ use crate::hub::federation::context::{
 use crate::hub::federation::copies::binding_label;
 use crate::hub::federation::follow;
 use crate::hub::federation::matching::{PolicyCandidate, PolicyScope, policy_reference};
+use crate::hub::federation::overrides::{self, TemplateOverrides, WorkloadPaths};
 use crate::hub::federation::placement::ClusterView;
 use crate::hub::federation::propagation::{self, MemberCopy, Plan, PlanInput};
 use crate::hub::federation::scheduler::{
@@ -128,6 +129,7 @@ fn plan(
     pending: &[String],
     deleting: bool,
     views: &[ClusterView],
+    overrides: Option<&TemplateOverrides<'_>>,
 ) -> Planned {
     let mut members: Vec<Member> = views
         .iter()
@@ -182,6 +184,7 @@ fn plan(
         deleting,
         members: &copies,
         pending,
+        overrides,
     });
     drop(copies);
     Planned {
@@ -291,6 +294,7 @@ async fn delete_template(
         &pending,
         true,
         views,
+        None,
     );
     hand_off(context, key, &mut planned, ConflictResolution::Abort);
     if let Some(binding) = binding.as_deref()
@@ -369,7 +373,7 @@ async fn cleanup_after_template(
     let targets = binding.spec.clusters.clone();
     let pending = pending_cleanups(Some(binding));
     let mut planned = plan(
-        context, key, resource, None, &targets, &targets, &pending, true, views,
+        context, key, resource, None, &targets, &targets, &pending, true, views, None,
     );
     hand_off(context, key, &mut planned, ConflictResolution::Abort);
     if cleanup_done(&planned) {
@@ -476,6 +480,18 @@ async fn place_template(
 
     let previous: Vec<TargetCluster> = old_targets.to_vec();
     let pending = pending_cleanups(existing);
+    let override_policies = context.override_policies();
+    let overrides = overrides::for_template(
+        template,
+        resource,
+        &overrides::candidates(&override_policies.0, &override_policies.1),
+        views,
+        WorkloadPaths::of(
+            &resource.api_version,
+            &resource.kind,
+            &context.interpretation(key),
+        ),
+    );
     let mut planned = plan(
         context,
         key,
@@ -486,6 +502,7 @@ async fn place_template(
         &pending,
         false,
         views,
+        Some(&overrides),
     );
     let targets = desired.spec.clusters.clone();
     let decision_changed = existing.is_none_or(|b| {
@@ -1076,6 +1093,17 @@ async fn announce(
                 "PartitionHealed",
                 "every cluster of the placement is Ready again: the waiting placement change goes ahead (make-before-break)".into(),
             )
+            .await;
+    }
+    for (warning, reason, note) in overrides::override_events(previous_rows(existing), &built.rows)
+    {
+        let type_ = if warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        };
+        context
+            .event_both(&template_ref, existing, type_, reason, note)
             .await;
     }
     let Some(binding) = existing else {

@@ -99,7 +99,19 @@ pub(super) fn build(
             let copy = member.and_then(|m| m.copy.as_deref());
             let outcome = member.and_then(|m| m.outcome.as_ref());
             let previous = previous_rows.iter().find(|r| r.name == target.name);
-            let applied = if reachable {
+            // Overrides: what the plan built for the cluster; what the row said when
+            // the plan could not build it (unreachable, not listed yet).
+            let override_failed = plan.override_failures.contains_key(&target.name)
+                || (!plan.overrides.contains_key(&target.name)
+                    && previous.is_some_and(|p| p.override_failed));
+            let overrides = match plan.overrides.get(&target.name) {
+                Some(applied) => applied.clone(),
+                None if override_failed => vec![],
+                None => previous.map(|p| p.overrides.clone()).unwrap_or_default(),
+            };
+            let applied = if plan.override_failures.contains_key(&target.name) {
+                false
+            } else if reachable {
                 match outcome {
                     Some(Outcome::Done) => true,
                     Some(_) => false,
@@ -132,6 +144,8 @@ pub(super) fn build(
                 reports_readiness: interpretation.reports_readiness(),
                 condition_healthy: copy
                     .and_then(|c| interpretation.condition_healthy(c.data.get("status"))),
+                overrides,
+                override_failed,
             }
         })
         .collect();
