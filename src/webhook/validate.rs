@@ -250,36 +250,12 @@ pub fn policy(
     namespaced: bool,
     known_clusters: Option<&[String]>,
 ) -> Vec<String> {
-    let mut problems = vec![];
-    if spec.resource_selectors.is_empty() {
-        problems.push(format!("{object}: spec.resourceSelectors is empty; add at least one selector (apiVersion and kind)"));
-    }
-    for (i, selector) in spec.resource_selectors.iter().enumerate() {
-        if selector.api_version.is_empty() || selector.kind.is_empty() {
-            problems.push(format!(
-                "{object}: spec.resourceSelectors[{i}] needs apiVersion and kind; set both, for example apiVersion apps/v1 and kind Deployment"
-            ));
-        }
-        if selector.name.is_some() && selector.label_selector.is_some() {
-            problems.push(format!(
-                "{object}: spec.resourceSelectors[{i}] sets both name and labelSelector; keep one"
-            ));
-        }
-        if let Some(name) = &selector.name {
-            problems.extend(selector_name_problem(
-                object,
-                i,
-                &selector.api_version,
-                &selector.kind,
-                name,
-            ));
-        }
-        if namespaced && selector.namespace.is_some() {
-            problems.push(format!(
-                "{object}: spec.resourceSelectors[{i}].namespace is only for ClusterPropagationPolicy; a PropagationPolicy selects in its own namespace"
-            ));
-        }
-    }
+    let mut problems = selector_problems(
+        object,
+        &spec.resource_selectors,
+        "PropagationPolicy",
+        namespaced,
+    );
     for (i, toleration) in spec.placement.cluster_tolerations.iter().enumerate() {
         problems.extend(toleration_problems(object, i, toleration));
     }
@@ -456,6 +432,48 @@ pub fn override_operators(object: &str, raw: &serde_json::Value) -> Vec<String> 
     problems
 }
 
+/// The `resourceSelectors` of a policy kind (`PropagationPolicy` or `OverridePolicy`, and
+/// their cluster-scoped twins): at least one; apiVersion and kind; a name (or name
+/// pattern) or labels, not both; a namespace only in the cluster-scoped kind.
+fn selector_problems(
+    object: &str,
+    selectors: &[crate::api::propagation_policy::ResourceSelector],
+    kind: &str,
+    namespaced: bool,
+) -> Vec<String> {
+    let mut problems = vec![];
+    if selectors.is_empty() {
+        problems.push(format!("{object}: spec.resourceSelectors is empty; add at least one selector (apiVersion and kind)"));
+    }
+    for (i, selector) in selectors.iter().enumerate() {
+        if selector.api_version.is_empty() || selector.kind.is_empty() {
+            problems.push(format!(
+                "{object}: spec.resourceSelectors[{i}] needs apiVersion and kind; set both, for example apiVersion apps/v1 and kind Deployment"
+            ));
+        }
+        if selector.name.is_some() && selector.label_selector.is_some() {
+            problems.push(format!(
+                "{object}: spec.resourceSelectors[{i}] sets both name and labelSelector; keep one"
+            ));
+        }
+        if let Some(name) = &selector.name {
+            problems.extend(selector_name_problem(
+                object,
+                i,
+                &selector.api_version,
+                &selector.kind,
+                name,
+            ));
+        }
+        if namespaced && selector.namespace.is_some() {
+            problems.push(format!(
+                "{object}: spec.resourceSelectors[{i}].namespace is only for Cluster{kind}; a namespaced {kind} selects in its own namespace"
+            ));
+        }
+    }
+    problems
+}
+
 /// OverridePolicy / ClusterOverridePolicy rules (docs/overrides.md): selectors as for a
 /// propagation policy, at least one rule with at least one overrider, and every
 /// overrider well-formed (the rules the hub applies again when it overrides a copy:
@@ -474,27 +492,12 @@ pub fn override_policy(
     } else {
         "ClusterOverridePolicy"
     };
-    let mut problems = vec![];
-    if spec.resource_selectors.is_empty() {
-        problems.push(format!("{object}: spec.resourceSelectors is empty; add at least one selector (apiVersion and kind)"));
-    }
-    for (i, selector) in spec.resource_selectors.iter().enumerate() {
-        if selector.api_version.is_empty() || selector.kind.is_empty() {
-            problems.push(format!(
-                "{object}: spec.resourceSelectors[{i}] needs apiVersion and kind; set both, for example apiVersion apps/v1 and kind Deployment"
-            ));
-        }
-        if selector.name.is_some() && selector.label_selector.is_some() {
-            problems.push(format!(
-                "{object}: spec.resourceSelectors[{i}] sets both name and labelSelector; keep one"
-            ));
-        }
-        if namespaced && selector.namespace.is_some() {
-            problems.push(format!(
-                "{object}: spec.resourceSelectors[{i}].namespace is only for ClusterOverridePolicy; an OverridePolicy selects in its own namespace"
-            ));
-        }
-    }
+    let mut problems = selector_problems(
+        object,
+        &spec.resource_selectors,
+        "OverridePolicy",
+        namespaced,
+    );
     if spec.override_rules.is_empty() {
         problems.push(format!(
             "{object}: spec.overrideRules is empty; add at least one rule (targetCluster and overriders), or delete the {kind}"
