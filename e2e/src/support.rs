@@ -26,6 +26,23 @@ pub async fn lab() -> Result<Lab> {
     Ok(lab)
 }
 
+/// Installs a test's own CRD (`crd`, a CustomResourceDefinition as JSON) in the hub and
+/// every member, and waits until it is Established everywhere.
+pub async fn install_crd_everywhere(crd: &serde_json::Value) -> Result<()> {
+    let lab = lab().await?;
+    let name = crd["metadata"]["name"].as_str().unwrap_or("crd");
+    let dir = std::env::temp_dir().join(format!("bulkhead-crd-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("crd.yaml"), serde_yaml::to_string(crd)?)?;
+    for cluster in ["hub", "east", "west", "north"] {
+        lab.install_crds(cluster, &dir)
+            .await
+            .with_context(|| format!("the {name} CRD in {cluster}"))?;
+    }
+    let _ = std::fs::remove_dir_all(dir);
+    Ok(())
+}
+
 /// A namespace created in several clusters for one test, deleted when dropped.
 pub struct TestNamespace {
     pub name: String,

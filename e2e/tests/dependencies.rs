@@ -1,6 +1,10 @@
 //! Dependencies follow their workload (`propagateDeps: true`, docs/dependencies.md): a
 //! Deployment's ConfigMap and Secret go where it goes, leave a cluster it leaves, and
-//! leave every cluster when it is deleted; on the hub they stay.
+//! leave every cluster when it is deleted; on the hub they stay. A custom kind's
+//! reference fields (`ResourceInterpreter` `spec.dependencies`) are followed through
+//! chains, and a cycle is reported.
+//!
+//! Every test here joins the members with `--federate gizmos.example.org`.
 
 use std::time::Duration;
 
@@ -11,6 +15,42 @@ use serde_json::json;
 use bulkhead::api::find_condition;
 use bulkhead_e2e::federation::{Federation, config_maps, deployments, policies};
 use bulkhead_e2e::{Check, wait_for};
+
+const FEDERATE: &[&str] = &["--federate", "gizmos.example.org"];
+
+async fn start(prefix: &str) -> Result<Federation> {
+    Federation::start_joined(prefix, &[], &["1", "1"], None, FEDERATE).await
+}
+
+fn gizmos() -> ApiResource {
+    ApiResource {
+        group: "example.org".into(),
+        version: "v1".into(),
+        api_version: "example.org/v1".into(),
+        kind: "Gizmo".into(),
+        plural: "gizmos".into(),
+    }
+}
+
+/// The Gizmo CRD: `spec.configRef.name` names a ConfigMap, `spec.partners` other Gizmos.
+fn gizmo_crd() -> serde_json::Value {
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "gizmos.example.org"},
+        "spec": {
+            "group": "example.org", "scope": "Namespaced",
+            "names": {"plural": "gizmos", "singular": "gizmo", "kind": "Gizmo"},
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object", "properties": {
+                        "configRef": {"type": "object", "properties": {"name": {"type": "string"}}},
+                        "partners": {"type": "array", "items": {"type": "string"}}}}
+                }}}
+            }]
+        }
+    })
+}
 
 fn secrets() -> ApiResource {
     ApiResource::erase::<k8s_openapi::api::core::v1::Secret>(&())
@@ -51,7 +91,7 @@ async fn wait_holders(
 
 #[tokio::test]
 async fn a_configmap_and_a_secret_follow_their_deployment_and_leave_with_it() -> Result<()> {
-    let federation = Federation::start("deps", &[]).await?;
+    let federation = start("deps").await?;
     let ns = federation.namespace.clone();
     federation
         .apply(
@@ -178,5 +218,155 @@ async fn a_configmap_and_a_secret_follow_their_deployment_and_leave_with_it() ->
             .await
             .is_empty()
     );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_custom_kinds_references_are_followed_through_chains_and_a_cycle_is_reported()
+-> Result<()> {
+    bulkhead_e2e::support::install_crd_everywhere(&gizmo_crd()).await?;
+    let federation = start("depsref").await?;
+    let ns = federation.namespace.clone();
+    let interpreters: kube::Api<kube::api::DynamicObject> = kube::Api::all_with(
+        federation.hub.clone(),
+        &ApiResource::erase::<bulkhead::api::ResourceInterpreter>(&()),
+    );
+    let interpreter = format!("gizmos-{ns}");
+    let interpreter_spec = |path: &str| {
+        json!({
+            "apiVersion": "federation.example.com/v1alpha1", "kind": "ResourceInterpreter",
+            "metadata": {"name": interpreter},
+            "spec": {
+                "target": {"apiVersion": "example.org/v1", "kind": "Gizmo"},
+                "dependencies": [
+                    {"path": path, "apiVersion": "v1", "kind": "ConfigMap"},
+                    {"path": ".spec.partners[]", "apiVersion": "example.org/v1", "kind": "Gizmo"}]
+            }
+        })
+    };
+    let accepted = |wanted: &'static str| {
+        let interpreters = interpreters.clone();
+        let interpreter = interpreter.clone();
+        async move {
+            wait_for(
+                &format!("the interpreter's Accepted to be {wanted}"),
+                Duration::from_secs(30),
+                || async {
+                    match interpreters.get(&interpreter).await {
+                        Ok(i) if i.data["status"]["conditions"][0]["status"] == wanted => {
+                            Check::Done(i.data["status"]["conditions"][0]["message"].to_string())
+                        }
+                        Ok(i) => Check::Waiting(i.data["status"].to_string()),
+                        Err(e) => Check::Waiting(e.to_string()),
+                    }
+                },
+            )
+            .await
+        }
+    };
+    let write_interpreter = |path: &str| {
+        let interpreters = interpreters.clone();
+        let (name, body) = (interpreter.clone(), interpreter_spec(path));
+        async move {
+            interpreters
+                .patch(
+                    &name,
+                    &PatchParams::apply("e2e").force(),
+                    &Patch::Apply(body),
+                )
+                .await
+        }
+    };
+    // A reference path outside .spec is refused, with the field and the fix.
+    write_interpreter(".status.configRef.name").await?;
+    let refused = accepted("False").await?;
+    assert!(
+        refused.contains("spec.dependencies[0].path") && refused.contains(".spec"),
+        "{refused}"
+    );
+    write_interpreter(".spec.configRef.name").await?;
+    accepted("True").await?;
+
+    for name in ["a-config", "b-config", "c-config"] {
+        federation
+            .apply(
+                &config_maps(),
+                json!({"apiVersion": "v1", "kind": "ConfigMap",
+                       "metadata": {"name": name, "namespace": ns}, "data": {"name": name}}),
+            )
+            .await?;
+    }
+    let gizmo = |name: &str, config: &str, partners: &[&str]| {
+        json!({"apiVersion": "example.org/v1", "kind": "Gizmo",
+               "metadata": {"name": name, "namespace": ns},
+               "spec": {"configRef": {"name": config}, "partners": partners}})
+    };
+    // a is placed by its policy; b by nothing: it follows a, and passes a's clusters on
+    // to its own ConfigMap. b names a back: a cycle.
+    federation
+        .apply(&gizmos(), gizmo("b", "b-config", &["a"]))
+        .await?;
+    let policy_resource = policies();
+    let place_a = |clusters: &'static [&'static str]| {
+        federation.apply(
+            &policy_resource,
+            federation.policy(
+                "gizmo-a",
+                json!([{"apiVersion": "example.org/v1", "kind": "Gizmo", "name": "a"}]),
+                json!({"clusterAffinity": {"clusterNames": clusters}}),
+                json!({"propagateDeps": true}),
+            ),
+        )
+    };
+    place_a(&["east", "west"]).await?;
+    federation
+        .apply(&gizmos(), gizmo("a", "a-config", &["b"]))
+        .await?;
+    wait_holders(&federation, &gizmos(), "a", &["east", "west"]).await?;
+    wait_holders(&federation, &gizmos(), "b", &["east", "west"]).await?;
+    wait_holders(&federation, &config_maps(), "a-config", &["east", "west"]).await?;
+    wait_holders(&federation, &config_maps(), "b-config", &["east", "west"]).await?;
+    assert!(
+        holders(&federation, &config_maps(), "c-config")
+            .await
+            .is_empty()
+    );
+    let message = federation
+        .wait_binding(
+            "b-gizmo",
+            "follows a, in a cycle",
+            Duration::from_secs(30),
+            |b| {
+                let scheduled = find_condition(&b.status.as_ref()?.conditions, "Scheduled")?;
+                (scheduled.reason == "FollowsWorkloads" && scheduled.message.contains("cycle"))
+                    .then(|| scheduled.message.clone())
+            },
+        )
+        .await?;
+    assert!(
+        message.contains("Gizmo") && message.contains("/a") && message.contains("/b"),
+        "{message}"
+    );
+
+    // b names another ConfigMap: b-config leaves, c-config follows (through b).
+    federation
+        .apply(&gizmos(), gizmo("b", "c-config", &["a"]))
+        .await?;
+    wait_holders(&federation, &config_maps(), "c-config", &["east", "west"]).await?;
+    wait_holders(&federation, &config_maps(), "b-config", &[]).await?;
+
+    // a leaves west: everything it reaches leaves west with it.
+    place_a(&["east"]).await?;
+    wait_holders(&federation, &gizmos(), "b", &["east"]).await?;
+    wait_holders(&federation, &config_maps(), "c-config", &["east"]).await?;
+
+    // a no longer names b: b and what it passed on leave; a's own ConfigMap stays.
+    federation
+        .apply(&gizmos(), gizmo("a", "a-config", &[]))
+        .await?;
+    wait_holders(&federation, &gizmos(), "b", &[]).await?;
+    wait_holders(&federation, &config_maps(), "c-config", &[]).await?;
+    wait_holders(&federation, &config_maps(), "a-config", &["east"]).await?;
+    let _ = interpreters.delete(&interpreter, &Default::default()).await;
     Ok(())
 }

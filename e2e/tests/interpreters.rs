@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
@@ -58,20 +58,7 @@ fn widget_crd() -> Value {
 }
 
 async fn install_widget_crd() -> Result<()> {
-    let lab = bulkhead_e2e::support::lab().await?;
-    let dir = std::env::temp_dir().join(format!("bulkhead-widget-crd-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    std::fs::write(
-        dir.join("widgets.yaml"),
-        serde_yaml::to_string(&widget_crd())?,
-    )?;
-    for cluster in ["hub", "east", "west", "north"] {
-        lab.install_crds(cluster, &dir)
-            .await
-            .with_context(|| format!("the Widget CRD in {cluster}"))?;
-    }
-    let _ = std::fs::remove_dir_all(dir);
-    Ok(())
+    bulkhead_e2e::support::install_crd_everywhere(&widget_crd()).await
 }
 
 fn weighted_321() -> Value {

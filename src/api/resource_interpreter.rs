@@ -84,6 +84,27 @@ pub struct ResourceInterpreterSpec {
     /// addresses the member allocates).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub member_owned_fields: Vec<String>,
+
+    /// Other objects this kind references by name, beyond its pod template's: with
+    /// `propagateDeps: true` on the policy that places it, they follow it to its clusters
+    /// (docs/dependencies.md). A referenced object may be a custom kind with references of
+    /// its own; the chain is followed, and a cycle is reported on the following bindings.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dependencies: Vec<InterpreterDependency>,
+}
+
+/// One reference field of a kind: the objects of `kind` whose names are at `path`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InterpreterDependency {
+    /// Where the names are, under `.spec`: a string (`.spec.configName`), an object with
+    /// `name` (`.spec.configRef`, the same as `.spec.configRef.name`), or every element of
+    /// a list (`.spec.secrets[].name`). Only objects of the template's namespace follow.
+    pub path: String,
+    /// apiVersion of the referenced objects, e.g. `v1` or `example.org/v1`.
+    pub api_version: String,
+    /// Kind of the referenced objects, e.g. `ConfigMap`.
+    pub kind: String,
 }
 
 /// The kind an interpreter is for.

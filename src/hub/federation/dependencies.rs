@@ -29,8 +29,8 @@ use std::fmt;
 
 pub use graph::DependencyGraph;
 pub use references::{
-    DEFAULT_SERVICE_ACCOUNT, FieldPath, PathError, ReferenceFields, ReferenceRule, pod_template,
-    references, references_in,
+    DEFAULT_SERVICE_ACCOUNT, FieldPath, PathError, ReferenceRule, pod_template, references,
+    references_in,
 };
 pub use rules::{Departures, DependencyPlacement, Hold, Presence, departures};
 

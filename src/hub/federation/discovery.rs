@@ -48,10 +48,13 @@ impl Gvk {
     }
 }
 
-/// The kinds the policies select.
+/// The kinds the policies select, and when a policy propagates dependencies, the kinds
+/// dependencies can be (a pod template's, and those the interpreters' reference fields
+/// name).
 pub fn selected_kinds(
     policies: &[Arc<PropagationPolicy>],
     cluster_policies: &[Arc<ClusterPropagationPolicy>],
+    interpreters: &Interpreters,
 ) -> BTreeSet<Gvk> {
     let selectors = policies
         .iter()
@@ -71,6 +74,12 @@ pub fn selected_kinds(
     if propagates {
         kinds.extend(
             crate::hub::federation::follow::DEPENDENCY_KINDS
+                .iter()
+                .map(|(api_version, kind)| Gvk::new(api_version, kind)),
+        );
+        kinds.extend(
+            interpreters
+                .referenced_kinds()
                 .iter()
                 .map(|(api_version, kind)| Gvk::new(api_version, kind)),
         );
@@ -276,7 +285,11 @@ impl Inputs {
     /// The kinds to federate, sorted by group and kind, and why others are not.
     async fn compute(&mut self) -> (Kinds, Vec<Refusal>, Vec<Verdict>) {
         let (interpreters, verdicts) = Interpreters::with_resources(&self.interpreters.state());
-        let mut wanted = selected_kinds(&self.policies.state(), &self.cluster_policies.state());
+        let mut wanted = selected_kinds(
+            &self.policies.state(),
+            &self.cluster_policies.state(),
+            &interpreters,
+        );
         wanted.extend(self.named_by_bindings.iter().cloned());
         wanted.extend(self.resolved.keys().cloned());
         let (mut resources, refused) = resolve_all(&self.client, &wanted, &mut self.resolved).await;
@@ -428,6 +441,7 @@ mod tests {
                 ),
             ],
             &[],
+            &Interpreters::built_in(),
         );
         assert_eq!(wanted.len(), 4);
         let once = one_version_per_kind(&wanted);
@@ -439,6 +453,38 @@ mod tests {
                 Gvk::new("v1", "ConfigMap"),
             ]
         );
+    }
+
+    #[test]
+    fn propagating_dependencies_federates_the_kinds_they_can_be() {
+        let interpreter: ResourceInterpreter = serde_json::from_value(json!({
+            "apiVersion": "federation.example.com/v1alpha1", "kind": "ResourceInterpreter",
+            "metadata": {"name": "widgets"},
+            "spec": {"target": {"apiVersion": "example.org/v1", "kind": "Widget"},
+                     "dependencies": [{"path": ".spec.gadgetRef", "apiVersion": "example.org/v1", "kind": "Gadget"}]}
+        }))
+        .unwrap();
+        let (interpreters, _) = Interpreters::with_resources(&[Arc::new(interpreter)]);
+        let selects = json!([{"apiVersion": "example.org/v1", "kind": "Widget"}]);
+        let plain = selected_kinds(&[policy(selects.clone())], &[], &interpreters);
+        assert_eq!(
+            plain,
+            BTreeSet::from([Gvk::new("example.org/v1", "Widget")])
+        );
+        let mut propagating = (*policy(selects)).clone();
+        propagating.spec.propagate_deps = true;
+        let wanted = selected_kinds(&[Arc::new(propagating)], &[], &interpreters);
+        for (api_version, kind) in [
+            ("example.org/v1", "Widget"),
+            ("example.org/v1", "Gadget"),
+            ("v1", "ConfigMap"),
+            ("v1", "Secret"),
+            ("v1", "ServiceAccount"),
+            ("v1", "PersistentVolumeClaim"),
+        ] {
+            assert!(wanted.contains(&Gvk::new(api_version, kind)), "{kind}");
+        }
+        assert_eq!(wanted.len(), 6);
     }
 
     #[test]

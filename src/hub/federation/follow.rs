@@ -18,7 +18,7 @@ use serde_json::Value;
 use crate::api::resource_binding::TargetCluster;
 use crate::hub::federation::copy_cache::Kinds;
 use crate::hub::federation::dependencies::{
-    DependencyGraph, DependencyPlacement, ObjectRef, references,
+    DependencyGraph, DependencyPlacement, ObjectRef, references_in,
 };
 use crate::hub::federation::writer::ObjectKey;
 
@@ -34,11 +34,14 @@ pub const DEPENDENCY_KINDS: [(&str, &str); 4] = [
     ("v1", "PersistentVolumeClaim"),
 ];
 
-/// The graph and what each workload last told it.
+/// The graph, what each workload last told it, and the references of the templates no
+/// policy places whose kind names reference fields (followers: a Widget naming its
+/// ConfigMap passes on to it whatever reaches the Widget).
 #[derive(Default)]
 pub struct Follow {
     graph: DependencyGraph,
     workloads: HashMap<ObjectKey, (Vec<ObjectRef>, BTreeSet<String>)>,
+    followers: HashMap<ObjectKey, Vec<ObjectRef>>,
 }
 
 /// The graph's name for a template.
@@ -64,18 +67,28 @@ pub fn key_of(kinds: &Kinds, object: &ObjectRef) -> Option<ObjectKey> {
     })
 }
 
-/// What a workload references, read from its whole template.
+/// What a template references, read from its whole template: its pod template's
+/// ConfigMaps, Secrets, ServiceAccounts and claims, and the reference fields its kind's
+/// interpreter names.
 pub fn workload_references(kinds: &Kinds, key: &ObjectKey, template: &Value) -> Vec<ObjectRef> {
     let Some((resource, interpretation)) = kinds.get(key.kind) else {
         return vec![];
     };
-    let path = interpretation.pod_template.as_ref().map(|p| p.to_string());
-    references(
+    references_in(
         &resource.api_version,
         &resource.kind,
         template,
-        path.as_deref(),
+        interpretation.pod_template.as_ref(),
+        &interpretation.references,
     )
+}
+
+/// Whether the kind's interpreter names reference fields: its templates that no policy
+/// places pass on what reaches them.
+pub fn has_reference_fields(kinds: &Kinds, key: &ObjectKey) -> bool {
+    kinds
+        .get(key.kind)
+        .is_some_and(|(_, interpretation)| !interpretation.references.is_empty())
 }
 
 /// The clusters a decision places the workload in.
@@ -90,11 +103,19 @@ impl Follow {
     pub fn build(
         &mut self,
         workloads: impl IntoIterator<Item = (ObjectKey, ObjectRef, Vec<ObjectRef>, BTreeSet<String>)>,
+        followers: impl IntoIterator<Item = (ObjectKey, ObjectRef, Vec<ObjectRef>)>,
     ) {
         for (key, object, deps, clusters) in workloads {
             self.graph
                 .set_workload(object, deps.clone(), clusters.clone());
             self.workloads.insert(key, (deps, clusters));
+        }
+        for (key, object, deps) in followers {
+            if deps.is_empty() || self.workloads.contains_key(&key) {
+                continue;
+            }
+            self.graph.set_references(object, deps.clone());
+            self.followers.insert(key, deps);
         }
         self.graph.set_synced(true);
     }
@@ -128,11 +149,68 @@ impl Follow {
                 self.workloads.insert(key.clone(), (deps, clusters));
             }
             None => {
-                self.graph.remove_workload(&object);
                 self.workloads.remove(key);
+                match self.followers.get(key) {
+                    // No workload any more, but still a follower with references.
+                    Some(deps) => self.graph.set_references(object, deps.clone()),
+                    None => self.graph.remove_workload(&object),
+                }
             }
         }
-        touched.iter().filter_map(|d| key_of(kinds, d)).collect()
+        self.touched(kinds, touched)
+    }
+
+    /// Tells the graph what a template no policy places references through its kind's
+    /// reference fields (empty: nothing, or it is gone). Returns the objects whose
+    /// placement may have changed, to reconcile them.
+    pub fn set_references(
+        &mut self,
+        kinds: &Kinds,
+        key: &ObjectKey,
+        deps: Vec<ObjectRef>,
+    ) -> Vec<ObjectKey> {
+        let before = self.followers.get(key).cloned().unwrap_or_default();
+        if before == deps {
+            return vec![];
+        }
+        let Some(object) = object_ref(kinds, key) else {
+            return vec![];
+        };
+        let mut touched: BTreeSet<ObjectRef> = before.into_iter().collect();
+        touched.extend(deps.iter().cloned());
+        if deps.is_empty() {
+            self.followers.remove(key);
+        } else {
+            self.followers.insert(key.clone(), deps.clone());
+        }
+        // A workload's references are its workload registration's; the follower's are
+        // kept for when it stops being one.
+        if !self.workloads.contains_key(key) {
+            if deps.is_empty() {
+                self.graph.remove_workload(&object);
+            } else {
+                self.graph.set_references(object, deps);
+            }
+        }
+        self.touched(kinds, touched)
+    }
+
+    /// The keys of `direct` and of what they pass on to through followers.
+    fn touched(&self, kinds: &Kinds, direct: BTreeSet<ObjectRef>) -> Vec<ObjectKey> {
+        let start: Vec<ObjectRef> = direct.iter().cloned().collect();
+        let mut all = direct;
+        all.extend(self.graph.passed_on(&start));
+        let mut keys: Vec<ObjectKey> = all.iter().filter_map(|d| key_of(kinds, d)).collect();
+        keys.dedup();
+        keys
+    }
+
+    /// The reference cycle the template is in, if any (only reference fields make one).
+    pub fn cycle_of(&self, kinds: &Kinds, key: &ObjectKey) -> Vec<ObjectRef> {
+        match object_ref(kinds, key) {
+            Some(object) if self.followers.contains_key(key) => self.graph.cycle_of(&object),
+            _ => vec![],
+        }
     }
 
     /// Where a template no policy selects goes as a dependency: `None` when it does not
@@ -223,7 +301,7 @@ mod tests {
             None,
             "not synced: nothing follows, nothing leaves"
         );
-        follow.build([]);
+        follow.build([], []);
         let touched = follow.set(
             &kinds,
             &key(0, "web"),
@@ -273,5 +351,131 @@ mod tests {
             following_clusters(&config, &clusters(&["east"]), &current),
             clusters(&["east"])
         );
+    }
+
+    /// Kinds 0 Gizmo (its interpreter names a ConfigMap and partner Gizmos), 1 ConfigMap.
+    fn gizmo_kinds() -> Kinds {
+        let interpreter: crate::api::ResourceInterpreter = serde_json::from_value(serde_json::json!({
+            "apiVersion": "federation.example.com/v1alpha1", "kind": "ResourceInterpreter",
+            "metadata": {"name": "gizmos"},
+            "spec": {"target": {"apiVersion": "example.org/v1", "kind": "Gizmo"},
+                     "dependencies": [
+                         {"path": ".spec.configRef.name", "apiVersion": "v1", "kind": "ConfigMap"},
+                         {"path": ".spec.partners[]", "apiVersion": "example.org/v1", "kind": "Gizmo"}]}
+        }))
+        .unwrap();
+        let (interpreters, verdicts) =
+            crate::hub::federation::interpreter::Interpreters::with_resources(&[
+                std::sync::Arc::new(interpreter),
+            ]);
+        assert_eq!(verdicts[0].accepted, Ok(()));
+        let gizmo = ApiResource {
+            group: "example.org".into(),
+            version: "v1".into(),
+            api_version: "example.org/v1".into(),
+            kind: "Gizmo".into(),
+            plural: "gizmos".into(),
+        };
+        crate::hub::federation::discovery::kinds(
+            &[
+                gizmo,
+                ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+            ],
+            &interpreters,
+        )
+    }
+
+    fn gizmo(name: &str, config: &str, partners: &[&str]) -> Value {
+        serde_json::json!({
+            "apiVersion": "example.org/v1", "kind": "Gizmo",
+            "metadata": {"name": name, "namespace": "shop"},
+            "spec": {"configRef": {"name": config}, "partners": partners}
+        })
+    }
+
+    #[test]
+    fn reference_fields_chain_through_followers_and_cycles_are_found() {
+        let kinds = gizmo_kinds();
+        assert!(has_reference_fields(&kinds, &key(0, "a")));
+        assert!(!has_reference_fields(&kinds, &key(1, "a-config")));
+        // a (a workload) -> b (no policy: a follower) -> b-config, and b -> a: a cycle.
+        let a = workload_references(&kinds, &key(0, "a"), &gizmo("a", "a-config", &["b"]));
+        assert_eq!(
+            a.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
+            ["Gizmo shop/b", "ConfigMap shop/a-config"]
+        );
+        let b = workload_references(&kinds, &key(0, "b"), &gizmo("b", "b-config", &["a"]));
+        let mut follow = Follow::default();
+        follow.build(
+            [],
+            [(
+                key(0, "b"),
+                object_ref(&kinds, &key(0, "b")).unwrap(),
+                b.clone(),
+            )],
+        );
+        let touched = follow.set(
+            &kinds,
+            &key(0, "a"),
+            Some((a.clone(), clusters(&["east", "west"]))),
+        );
+        // What a passes on to through b is reconciled too, b-config included.
+        for name in ["a-config", "b-config"] {
+            assert!(touched.contains(&key(1, name)), "{name}: {touched:?}");
+        }
+        assert!(touched.contains(&key(0, "b")));
+        for (kind, name) in [(1, "a-config"), (0, "b"), (1, "b-config")] {
+            let (placed, dependents) = follow.placement(&kinds, &key(kind, name)).unwrap();
+            assert_eq!(placed, clusters(&["east", "west"]), "{name}");
+            assert_eq!(dependents.len(), 1);
+            assert_eq!(dependents[0].name, "a");
+        }
+        assert_eq!(
+            follow
+                .cycle_of(&kinds, &key(0, "b"))
+                .iter()
+                .map(|o| o.to_string())
+                .collect::<Vec<_>>(),
+            ["Gizmo shop/a", "Gizmo shop/b"]
+        );
+        assert!(follow.cycle_of(&kinds, &key(1, "b-config")).is_empty());
+        // b names another ConfigMap: the old one leaves, the new one follows.
+        let b2 = workload_references(&kinds, &key(0, "b"), &gizmo("b", "c-config", &[]));
+        let touched = follow.set_references(&kinds, &key(0, "b"), b2);
+        assert!(touched.contains(&key(1, "b-config")) && touched.contains(&key(1, "c-config")));
+        assert_eq!(
+            follow.placement(&kinds, &key(1, "b-config")).unwrap().0,
+            BTreeSet::new()
+        );
+        assert_eq!(
+            follow.placement(&kinds, &key(1, "c-config")).unwrap().0,
+            clusters(&["east", "west"])
+        );
+        assert!(
+            follow.cycle_of(&kinds, &key(0, "b")).is_empty(),
+            "no cycle any more"
+        );
+        // a no longer names b: b and everything it passed on leave.
+        let a2 = workload_references(&kinds, &key(0, "a"), &gizmo("a", "a-config", &[]));
+        let touched = follow.set(
+            &kinds,
+            &key(0, "a"),
+            Some((a2, clusters(&["east", "west"]))),
+        );
+        assert!(
+            touched.contains(&key(0, "b")) && touched.contains(&key(1, "c-config")),
+            "{touched:?}"
+        );
+        for name in ["b", "c-config"] {
+            let kind = if name == "b" { 0 } else { 1 };
+            assert_eq!(
+                follow.placement(&kinds, &key(kind, name)).unwrap().0,
+                BTreeSet::new(),
+                "{name}"
+            );
+        }
+        // b deleted: its references go.
+        let touched = follow.set_references(&kinds, &key(0, "b"), vec![]);
+        assert!(touched.contains(&key(1, "c-config")));
     }
 }

@@ -17,175 +17,14 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
+pub use crate::hub::federation::field_path::{FieldPath, Segment};
+
+use crate::hub::federation::dependencies::ReferenceRule;
+
 use crate::api::resource_interpreter::{
     HealthCondition, HealthRule, HealthType, InterpreterStatusFields, InterpreterTarget,
     ResourceInterpreter, ResourceInterpreterSpec,
 };
-
-/// One step of a [`FieldPath`].
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-enum Segment {
-    Field(String),
-    /// `[]`: every element of a list.
-    Each,
-}
-
-/// A dotted field path from an object's root: `.spec.replicas`,
-/// `.metadata.labels['app.kubernetes.io/name']`, `.spec.ports[].nodePort`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct FieldPath {
-    text: String,
-    segments: Vec<Segment>,
-}
-
-impl fmt::Display for FieldPath {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.text)
-    }
-}
-
-impl FieldPath {
-    /// Parses a path, or says what is wrong with it.
-    pub fn parse(text: &str) -> Result<FieldPath, String> {
-        let mut segments = vec![];
-        let mut rest = text;
-        if !rest.starts_with('.') {
-            return Err(format!(
-                "`{text}` must start with `.` (a dotted path such as `.spec.replicas`)"
-            ));
-        }
-        while !rest.is_empty() {
-            if let Some(after) = rest.strip_prefix("[]") {
-                segments.push(Segment::Each);
-                rest = after;
-            } else if let Some(after) = rest.strip_prefix("['") {
-                let Some(end) = after.find("']") else {
-                    return Err(format!("`{text}`: `['` without its closing `']`"));
-                };
-                let key = &after[..end];
-                if key.is_empty() {
-                    return Err(format!("`{text}`: an empty key in `['']`"));
-                }
-                segments.push(Segment::Field(key.to_string()));
-                rest = &after[end + 2..];
-            } else if let Some(after) = rest.strip_prefix('.') {
-                let end = after.find(['.', '[']).unwrap_or(after.len());
-                let name = &after[..end];
-                if name.is_empty() {
-                    return Err(format!("`{text}`: an empty field name"));
-                }
-                if !name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '$')
-                {
-                    return Err(format!(
-                        "`{text}`: `{name}` is not a plain field name (quote keys with other characters as ['key'])"
-                    ));
-                }
-                segments.push(Segment::Field(name.to_string()));
-                rest = &after[end..];
-            } else {
-                return Err(format!(
-                    "`{text}`: unexpected `{rest}` (use `.field`, `['key']` or `[]`; filters and indexes are not supported)"
-                ));
-            }
-        }
-        if segments.is_empty() {
-            return Err(format!("`{text}` names no field"));
-        }
-        Ok(FieldPath {
-            text: text.to_string(),
-            segments,
-        })
-    }
-
-    /// The first field (`spec`, `status`, `metadata`, ...).
-    pub fn root(&self) -> &str {
-        match &self.segments[0] {
-            Segment::Field(name) => name,
-            Segment::Each => "",
-        }
-    }
-
-    fn has_each(&self) -> bool {
-        self.segments.contains(&Segment::Each)
-    }
-
-    /// The path as a JSON pointer (RFC 6901), e.g. `/spec/replicas`; None with `[]`.
-    pub fn pointer(&self) -> Option<String> {
-        let mut out = String::new();
-        for segment in &self.segments {
-            let Segment::Field(name) = segment else {
-                return None;
-            };
-            out.push('/');
-            out.push_str(&name.replace('~', "~0").replace('/', "~1"));
-        }
-        Some(out)
-    }
-
-    /// The value at the path (paths with `[]` name no single value).
-    pub fn get<'a>(&self, value: &'a Value) -> Option<&'a Value> {
-        let mut at = value;
-        for segment in &self.segments {
-            match segment {
-                Segment::Field(name) => at = at.get(name)?,
-                Segment::Each => return None,
-            }
-        }
-        Some(at)
-    }
-
-    /// Sets the value at the path, creating the objects on the way.
-    pub fn set(&self, value: &mut Value, content: Value) {
-        let mut at = value;
-        for segment in &self.segments {
-            let Segment::Field(name) = segment else {
-                return;
-            };
-            if !at.is_object() {
-                *at = Value::Object(Map::new());
-            }
-            at = at
-                .as_object_mut()
-                .expect("an object")
-                .entry(name.clone())
-                .or_insert(Value::Null);
-        }
-        *at = content;
-    }
-
-    /// Removes the field at the path (at every element for `[]`).
-    pub fn remove(&self, value: &mut Value) {
-        remove_at(value, &self.segments);
-    }
-}
-
-fn remove_at(value: &mut Value, segments: &[Segment]) {
-    match segments {
-        [] => {}
-        [Segment::Field(name)] => {
-            if let Some(map) = value.as_object_mut() {
-                map.remove(name);
-            }
-        }
-        [Segment::Field(name), rest @ ..] => {
-            if let Some(next) = value.get_mut(name) {
-                remove_at(next, rest);
-            }
-        }
-        [Segment::Each, rest @ ..] => {
-            if let Some(items) = value.as_array_mut() {
-                for item in items {
-                    if rest.is_empty() {
-                        continue;
-                    }
-                    remove_at(item, rest);
-                }
-            }
-        }
-    }
-}
 
 /// Extra behaviour of a built-in kind that a path cannot say.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -242,6 +81,8 @@ pub struct Interpretation {
     status: Vec<(&'static str, FieldPath)>,
     pub health: HealthRule,
     pub member_owned: Vec<FieldPath>,
+    /// Reference fields (`spec.dependencies`): what follows the kind with `propagateDeps`.
+    pub references: Vec<ReferenceRule>,
     pub quirks: Quirks,
 }
 
@@ -354,7 +195,7 @@ impl Interpretation {
         ] {
             if let Some(text) = value {
                 let parsed = path(field, text, &["status"])?;
-                if parsed.has_each() || parsed.segments.len() < 2 {
+                if parsed.has_each() || parsed.segments().len() < 2 {
                     return Err(refuse(
                         field,
                         format!("`{text}` must name one field under `.status`, without `[]`"),
@@ -400,15 +241,15 @@ impl Interpretation {
             let parsed = FieldPath::parse(text).map_err(|m| refuse(&field, m))?;
             let root = parsed.root();
             let metadata_key = root == "metadata"
-                && parsed.segments.len() >= 3
+                && parsed.segments().len() >= 3
                 && matches!(
-                    &parsed.segments[1],
+                    &parsed.segments()[1],
                     Segment::Field(f) if f == "labels" || f == "annotations"
                 );
-            let hub_key = parsed.segments.iter().any(
+            let hub_key = parsed.segments().iter().any(
                 |s| matches!(s, Segment::Field(f) if f.starts_with("federation.example.com/")),
             );
-            let whole = parsed.segments.len() < 2 && matches!(root, "spec" | "data");
+            let whole = parsed.segments().len() < 2 && matches!(root, "spec" | "data");
             if matches!(root, "apiVersion" | "kind" | "status")
                 || (root == "metadata" && !metadata_key)
                 || hub_key
@@ -431,6 +272,30 @@ impl Interpretation {
             }
             member_owned.push(parsed);
         }
+        let mut references = vec![];
+        for (index, dependency) in spec.dependencies.iter().enumerate() {
+            let field = |name: &str| format!("spec.dependencies[{index}].{name}");
+            let rule =
+                ReferenceRule::new(&dependency.path, &dependency.api_version, &dependency.kind)
+                    .map_err(|error| {
+                        let name = match error.what {
+                            "reference rule apiVersion" => "apiVersion",
+                            "reference rule kind" => "kind",
+                            _ => "path",
+                        };
+                        refuse(field(name), error.to_string())
+                    })?;
+            if rule.path.root() != "spec" {
+                return Err(refuse(
+                    field("path"),
+                    format!(
+                        "`{}` must be under `.spec` (the template's own fields, e.g. `.spec.configRef.name`)",
+                        dependency.path
+                    ),
+                ));
+            }
+            references.push(rule);
+        }
         Ok(Interpretation {
             group: group.to_string(),
             kind: target.kind.clone(),
@@ -441,6 +306,7 @@ impl Interpretation {
             status,
             health: spec.health.clone(),
             member_owned,
+            references,
             quirks: Quirks::default(),
         })
     }
@@ -457,6 +323,7 @@ impl Interpretation {
             status: vec![],
             health: HealthRule::default(),
             member_owned: vec![],
+            references: vec![],
             quirks: Quirks::default(),
         }
     }
@@ -793,6 +660,21 @@ impl Interpreters {
         Ok(())
     }
 
+    /// The kinds the interpreters' reference fields (`spec.dependencies`) name, as
+    /// `(apiVersion, kind)`: federated, like the pod template's kinds, whenever a policy
+    /// propagates dependencies.
+    pub fn referenced_kinds(&self) -> Vec<(String, String)> {
+        let mut kinds: Vec<(String, String)> = self
+            .by_kind
+            .values()
+            .flat_map(|i| i.references.iter())
+            .map(|rule| (rule.api_version.clone(), rule.kind.clone()))
+            .collect();
+        kinds.sort();
+        kinds.dedup();
+        kinds
+    }
+
     /// How the hub reads `kind` of `api_version`.
     pub fn get(&self, api_version: &str, kind: &str) -> Arc<Interpretation> {
         let group = group_of(api_version);
@@ -853,49 +735,6 @@ mod tests {
     }
 
     #[test]
-    fn paths_parse_and_name_what_is_wrong() {
-        let path = FieldPath::parse(".metadata.labels['app.kubernetes.io/name']").unwrap();
-        let object = json!({"metadata": {"labels": {"app.kubernetes.io/name": "web"}}});
-        assert_eq!(path.get(&object), Some(&json!("web")));
-        for (bad, says) in [
-            ("spec.replicas", "must start with `.`"),
-            (".spec..replicas", "empty field name"),
-            (".spec.items[0]", "unexpected `[0]`"),
-            (".spec['x", "closing"),
-            (".spec.a b", "not a plain field name"),
-            (".", "empty field name"),
-        ] {
-            let error = FieldPath::parse(bad).unwrap_err();
-            assert!(error.contains(says), "{bad}: {error}");
-        }
-    }
-
-    #[test]
-    fn paths_are_json_pointers_too() {
-        let path = FieldPath::parse(".metadata.labels['a/b~c']").unwrap();
-        assert_eq!(path.pointer().as_deref(), Some("/metadata/labels/a~1b~0c"));
-        assert_eq!(FieldPath::parse(".spec.ports[].x").unwrap().pointer(), None);
-    }
-
-    #[test]
-    fn set_and_remove_follow_the_path() {
-        let mut object =
-            json!({"spec": {"ports": [{"port": 80, "nodePort": 30000}, {"port": 81}]}});
-        FieldPath::parse(".spec.ports[].nodePort")
-            .unwrap()
-            .remove(&mut object);
-        assert_eq!(
-            object,
-            json!({"spec": {"ports": [{"port": 80}, {"port": 81}]}})
-        );
-        FieldPath::parse(".spec.size.count")
-            .unwrap()
-            .set(&mut object, json!(3));
-        assert_eq!(object["spec"]["size"]["count"], 3);
-        assert_eq!(object["spec"]["ports"][0]["port"], 80, "siblings stay");
-    }
-
-    #[test]
     fn a_custom_kind_is_divided_and_summed_at_its_own_paths() {
         let widget = Interpretation::from_spec(&widget(), Source::Resource("w".into())).unwrap();
         assert!(widget.divisible() && widget.reports_readiness() && !widget.stateful);
@@ -942,6 +781,23 @@ mod tests {
             (
                 json!({"memberOwnedFields": [".metadata.name"]}),
                 "spec.memberOwnedFields[0]",
+            ),
+            (
+                json!({"dependencies": [{"path": ".status.config", "apiVersion": "v1", "kind": "ConfigMap"}]}),
+                "spec.dependencies[0].path",
+            ),
+            (
+                json!({"dependencies": [{"path": ".spec.config", "apiVersion": "v1", "kind": "ConfigMap"},
+                                        {"path": "spec.x", "apiVersion": "v1", "kind": "Secret"}]}),
+                "spec.dependencies[1].path",
+            ),
+            (
+                json!({"dependencies": [{"path": ".spec.config", "apiVersion": "", "kind": "ConfigMap"}]}),
+                "spec.dependencies[0].apiVersion",
+            ),
+            (
+                json!({"dependencies": [{"path": ".spec.config", "apiVersion": "v1", "kind": "configmap"}]}),
+                "spec.dependencies[0].kind",
             ),
             (
                 json!({"memberOwnedFields": [".metadata.labels['federation.example.com/binding']"]}),

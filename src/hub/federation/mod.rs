@@ -28,6 +28,7 @@ pub mod copies;
 pub mod copy_cache;
 pub mod dependencies;
 pub mod discovery;
+pub mod field_path;
 pub mod follow;
 pub mod interpreter;
 pub mod kinds;
@@ -452,21 +453,20 @@ async fn run_kinds(
 }
 
 /// The dependency graph from everything listed: every template of a `propagateDeps`
-/// policy, with what it references and where its binding places it. Until this is done
-/// no dependency follows (or leaves) anything.
+/// policy, with what it references and where its binding places it, and every template
+/// no policy places whose kind names reference fields, with what those reference. Until
+/// this is done no dependency follows (or leaves) anything.
 fn build_dependency_graph(context: &Context) {
     let (policies, cluster_policies) = context.policies();
     let candidates = context::candidates(&policies, &cluster_policies);
-    if !candidates.iter().any(|c| c.spec.propagate_deps) {
-        context
-            .follow
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .build([]);
-        return;
-    }
+    let propagates = candidates.iter().any(|c| c.spec.propagate_deps);
     let mut workloads = vec![];
-    for (kind, (resource, _)) in context.kinds.iter().enumerate() {
+    let mut followers = vec![];
+    for (kind, (resource, interpretation)) in context.kinds.iter().enumerate() {
+        let has_references = !interpretation.references.is_empty();
+        if !propagates && !has_references {
+            continue;
+        }
         for template in context.stores.templates[kind].state() {
             let key = template_key(kind, &template);
             let labels = template.labels().clone();
@@ -477,10 +477,9 @@ fn build_dependency_graph(context: &Context) {
                 name: &key.name,
                 labels: &labels,
             };
-            let Some((policy, _)) = matching::choose_policy(&reference, &candidates) else {
-                continue;
-            };
-            if !policy.spec.propagate_deps {
+            let chosen = matching::choose_policy(&reference, &candidates);
+            let workload = chosen.as_ref().is_some_and(|(p, _)| p.spec.propagate_deps);
+            if chosen.is_some() && !workload {
                 continue;
             }
             let Some(object) = follow::object_ref(&context.kinds, &key) else {
@@ -488,6 +487,13 @@ fn build_dependency_graph(context: &Context) {
             };
             let whole = context::full_template(&template, context.bodies.get(&key).as_deref());
             let deps = follow::workload_references(&context.kinds, &key, &whole);
+            if !workload {
+                // No policy places it: a follower, when its kind names reference fields.
+                if has_references {
+                    followers.push((key, object, deps));
+                }
+                continue;
+            }
             let clusters = context
                 .binding(&key, &scheduler::binding_name(&key.name, &resource.kind))
                 .map(|b| follow::placed_clusters(&b.spec.clusters))
@@ -495,12 +501,16 @@ fn build_dependency_graph(context: &Context) {
             workloads.push((key, object, deps, clusters));
         }
     }
-    tracing::info!(workloads = workloads.len(), "dependency graph built");
+    tracing::info!(
+        workloads = workloads.len(),
+        followers = followers.len(),
+        "dependency graph built"
+    );
     context
         .follow
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .build(workloads);
+        .build(workloads, followers);
 }
 
 /// Tasks aborted when dropped: a federation controller dropped at the end of a

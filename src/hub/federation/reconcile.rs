@@ -74,12 +74,13 @@ pub(super) async fn reconcile(context: &Arc<Context>, key: &ObjectKey) -> Option
         .as_ref()
         .is_none_or(|t| t.metadata.deletion_timestamp.is_some())
     {
-        // A workload going away: what followed it may leave.
-        let touched = context
-            .follow
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .set(&context.kinds, key, None);
+        // A workload (or a follower) going away: what followed it may leave.
+        let touched = {
+            let mut follow = context.follow.lock().unwrap_or_else(|p| p.into_inner());
+            let mut touched = follow.set(&context.kinds, key, None);
+            touched.extend(follow.set_references(&context.kinds, key, vec![]));
+            touched
+        };
         for dependency in touched {
             context.queue.add(dependency);
         }
@@ -435,6 +436,7 @@ async fn place_template(
         now,
     );
     note_workload(context, key, template, &candidates, chosen.as_ref());
+    note_references(context, key, template, chosen.is_none());
     let mut desired = match chosen {
         Some(desired) => desired,
         None => match following(
@@ -642,6 +644,29 @@ fn note_workload(
     }
 }
 
+/// Tells the dependency graph what a template no policy places references through its
+/// kind's reference fields (a follower passes on to them what reaches it), and that a
+/// placed one is no follower; queues the objects whose placement may have changed.
+fn note_references(context: &Context, key: &ObjectKey, template: &DynamicObject, unplaced: bool) {
+    if !follow::has_reference_fields(&context.kinds, key) {
+        return;
+    }
+    let deps = if unplaced {
+        let whole = full_template(template, context.bodies.get(key).as_deref());
+        follow::workload_references(&context.kinds, key, &whole)
+    } else {
+        vec![]
+    };
+    let touched = context
+        .follow
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .set_references(&context.kinds, key, deps);
+    for object in touched {
+        context.queue.add(object);
+    }
+}
+
 /// Whether a binding was made for a dependency following its workloads.
 fn is_following(binding: &ResourceBinding) -> bool {
     binding
@@ -665,11 +690,11 @@ fn following(
     frozen: bool,
     now: jiff::Timestamp,
 ) -> Option<DesiredBinding> {
-    let (clusters, dependents) = context
-        .follow
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .placement(&context.kinds, key)?;
+    let (clusters, dependents, cycle) = {
+        let follow = context.follow.lock().unwrap_or_else(|p| p.into_inner());
+        let (clusters, dependents) = follow.placement(&context.kinds, key)?;
+        (clusters, dependents, follow.cycle_of(&context.kinds, key))
+    };
     if dependents.is_empty() && !existing.is_some_and(is_following) {
         return None;
     }
@@ -712,7 +737,7 @@ fn following(
         now,
     )?;
     desired.spec.policy = None;
-    let message = if dependents.is_empty() {
+    let mut message = if dependents.is_empty() {
         desired.spec.clusters.clear();
         "no workload that references it is placed any more: its copies leave".to_string()
     } else {
@@ -725,6 +750,17 @@ fn following(
                 .join(", ")
         )
     };
+    if !cycle.is_empty() {
+        let ring = cycle
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        tracing::warn!(template = %object, cycle = %ring, "reference cycle");
+        message.push_str(&format!(
+            "; it is in a reference cycle ({ring}): each of them goes wherever a workload reaching the cycle goes; break the cycle in the objects' reference fields if that is not meant"
+        ));
+    }
     for decision in desired.status.decisions.iter_mut() {
         if dependents.is_empty() {
             decision.selected = false;

@@ -192,6 +192,48 @@ impl DependencyGraph {
         cycles
     }
 
+    /// The reference cycle `object` is in (sorted; empty when it is in none). A walk of
+    /// the whole graph, so asked only about objects with references of their own.
+    pub fn cycle_of(&self, object: &ObjectRef) -> Vec<ObjectRef> {
+        let Some(node) = self.node(object) else {
+            return vec![];
+        };
+        if self
+            .graph
+            .neighbors_directed(node, Direction::Outgoing)
+            .next()
+            .is_none()
+        {
+            return vec![];
+        }
+        let identity = Identity::of(object);
+        self.cycles()
+            .into_iter()
+            .find(|cycle| cycle.iter().any(|o| Identity::of(o) == identity))
+            .unwrap_or_default()
+    }
+
+    /// `objects` and, for those that are not workloads, what they reference, and so on
+    /// through followers (a workload on the way is included but not walked through: it
+    /// passes on its own placement). What the hub reconciles again when the clusters
+    /// reaching `objects` change.
+    pub fn passed_on(&self, objects: &[ObjectRef]) -> Vec<ObjectRef> {
+        let mut seen = HashSet::new();
+        let mut out = vec![];
+        let mut stack: Vec<NodeIndex> = objects.iter().filter_map(|o| self.node(o)).collect();
+        while let Some(node) = stack.pop() {
+            if !seen.insert(node) {
+                continue;
+            }
+            out.push(self.graph[node].object.clone());
+            if !matches!(self.graph[node].role, Role::Workload(_)) {
+                stack.extend(self.graph.neighbors_directed(node, Direction::Outgoing));
+            }
+        }
+        out.sort();
+        out
+    }
+
     /// Where `dependency` goes (the rules of docs/dependencies.md):
     /// - selected by a policy of its own (`has_own_policy`, as the caller's policy
     ///   matching says): [`DependencyPlacement::Own`], whatever depends on it;

@@ -3,28 +3,12 @@
 //! custom kind ([`ReferenceRule`]).
 
 use std::collections::BTreeSet;
-use std::fmt;
 
 use serde_json::Value;
 
+pub use crate::hub::federation::field_path::FieldPath;
+
 use super::{DependencyRef, group_of};
-
-/// A dotted path into an object, as interpreters write it: `.spec.template`,
-/// `.spec.configRef.name`, `.spec.secrets[].name`. Each segment is a field name; a
-/// segment ending in `[]` is a list whose every element continues the path. `.` alone is
-/// the object itself. No quoting: field names with dots, brackets or spaces cannot be
-/// named (no Kubernetes reference field has them).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct FieldPath {
-    text: String,
-    segments: Vec<Segment>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct Segment {
-    field: String,
-    each: bool,
-}
 
 /// A path or reference rule an interpreter wrote that cannot be used, with the fix.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -36,86 +20,6 @@ pub struct PathError {
     pub text: String,
     /// What is wrong and how to write it instead.
     pub problem: String,
-}
-
-impl FieldPath {
-    /// Parses a path such as `.spec.secrets[].name`.
-    pub fn parse(text: &str) -> Result<FieldPath, PathError> {
-        let error = |problem: String| PathError {
-            what: "path",
-            text: text.to_string(),
-            problem,
-        };
-        let Some(rest) = text.strip_prefix('.') else {
-            return Err(error(format!(
-                "a path starts with '.', for example .{}",
-                text.trim()
-            )));
-        };
-        if rest.is_empty() {
-            return Ok(FieldPath {
-                text: text.to_string(),
-                segments: vec![],
-            });
-        }
-        let mut segments = vec![];
-        for part in rest.split('.') {
-            let (field, each) = match part.strip_suffix("[]") {
-                Some(field) => (field, true),
-                None => (part, false),
-            };
-            if field.is_empty() {
-                return Err(error(
-                    "every segment names a field: write .spec.items[].name, not .spec..name or .[]"
-                        .into(),
-                ));
-            }
-            if field.contains(['[', ']', ' ', '"', '\'']) {
-                return Err(error(format!(
-                    "segment {part:?}: only `[]` (every element of a list) may follow a field name; \
-                     indexes, quotes and spaces are not supported"
-                )));
-            }
-            segments.push(Segment {
-                field: field.to_string(),
-                each,
-            });
-        }
-        Ok(FieldPath {
-            text: text.to_string(),
-            segments,
-        })
-    }
-
-    /// The path as written.
-    pub fn as_str(&self) -> &str {
-        &self.text
-    }
-
-    /// Every value the path leads to in `object`: none when a field is missing or is not
-    /// the shape the path expects (a `[]` segment that is not a list).
-    pub fn values<'a>(&self, object: &'a Value) -> Vec<&'a Value> {
-        let mut current = vec![object];
-        for segment in &self.segments {
-            let mut next = vec![];
-            for value in current {
-                match value.get(&segment.field) {
-                    Some(Value::Array(items)) if segment.each => next.extend(items.iter()),
-                    Some(_) if segment.each => {}
-                    Some(Value::Null) | None => {}
-                    Some(found) => next.push(found),
-                }
-            }
-            current = next;
-        }
-        current
-    }
-}
-
-impl fmt::Display for FieldPath {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.text)
-    }
 }
 
 /// An extra reference field of a custom kind, as an interpreter names it: the objects of
@@ -145,14 +49,13 @@ pub struct ReferenceRule {
 impl ReferenceRule {
     /// A rule from an interpreter's three fields, refused with the fix when one is unusable.
     pub fn new(path: &str, api_version: &str, kind: &str) -> Result<ReferenceRule, PathError> {
-        let path = FieldPath::parse(path)?;
-        if path.segments.is_empty() {
-            return Err(PathError {
-                what: "reference rule path",
-                text: path.text,
-                problem: "a reference path names the field holding the name, for example .spec.configRef.name".into(),
-            });
-        }
+        let path = FieldPath::parse(path).map_err(|problem| PathError {
+            what: "reference rule path",
+            text: path.to_string(),
+            problem: format!(
+                "{problem}; a reference path names the field holding the name, for example .spec.configRef.name"
+            ),
+        })?;
         let api_version = api_version.trim();
         if api_version.is_empty() || api_version.split('/').count() > 2 {
             return Err(PathError {
@@ -206,17 +109,6 @@ impl ReferenceRule {
     }
 }
 
-/// Where a kind's references are: its pod template (if it has one) and the extra fields
-/// its interpreter names. Built-in kinds need neither (see [`pod_template`]).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ReferenceFields {
-    /// The pod template of a custom kind (`.spec.template`); ignored for the built-in
-    /// workload kinds, whose template location is known.
-    pub pod_template: Option<FieldPath>,
-    /// Extra reference fields.
-    pub rules: Vec<ReferenceRule>,
-}
-
 /// The ServiceAccount every namespace has (the member's controllers create it): never a
 /// dependency, so a workload that names it explicitly does not drag the hub's copy along.
 pub const DEFAULT_SERVICE_ACCOUNT: &str = "default";
@@ -253,31 +145,30 @@ pub fn references(
     object: &Value,
     pod_template_path: Option<&str>,
 ) -> Vec<DependencyRef> {
-    let fields = ReferenceFields {
-        pod_template: pod_template_path.and_then(|p| FieldPath::parse(p).ok()),
-        rules: vec![],
-    };
-    references_in(kind_api_version, kind, object, &fields)
+    let pod_template = pod_template_path.and_then(|p| FieldPath::parse(p).ok());
+    references_in(kind_api_version, kind, object, pod_template.as_ref(), &[])
 }
 
-/// [`references`] plus the custom reference rules of `fields`, sorted and without repeats.
+/// [`references`] of a kind whose interpreter names its pod template and extra reference
+/// fields (`rules`), sorted and without repeats.
 pub fn references_in(
     api_version: &str,
     kind: &str,
     object: &Value,
-    fields: &ReferenceFields,
+    pod_template_path: Option<&FieldPath>,
+    rules: &[ReferenceRule],
 ) -> Vec<DependencyRef> {
     let namespace = object
         .pointer("/metadata/namespace")
         .and_then(Value::as_str)
         .unwrap_or_default();
     let mut out = BTreeSet::new();
-    if let Some(template) = pod_template(api_version, kind, object, fields.pod_template.as_ref())
+    if let Some(template) = pod_template(api_version, kind, object, pod_template_path)
         && let Some(spec) = template.get("spec")
     {
         pod_spec_references(spec, namespace, &mut out);
     }
-    for rule in &fields.rules {
+    for rule in rules {
         rule.collect(object, namespace, &mut out);
     }
     out.into_iter().collect()

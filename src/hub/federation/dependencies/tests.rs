@@ -196,38 +196,6 @@ fn what_is_not_a_dependency() {
 }
 
 #[test]
-fn field_paths_parse_and_walk() {
-    let path = FieldPath::parse(".spec.secrets[].name").unwrap();
-    let object = json!({"spec": {"secrets": [{"name": "a"}, {"other": 1}, {"name": "b"}]}});
-    assert_eq!(path.values(&object), [&json!("a"), &json!("b")]);
-    assert_eq!(path.to_string(), ".spec.secrets[].name");
-    // `[]` on something that is not a list, and missing fields, lead nowhere.
-    assert!(
-        path.values(&json!({"spec": {"secrets": {"name": "a"}}}))
-            .is_empty()
-    );
-    assert!(path.values(&json!({"spec": null})).is_empty());
-    assert_eq!(FieldPath::parse(".").unwrap().values(&object), [&object]);
-    for bad in [
-        "spec.template",
-        "",
-        ".spec..name",
-        ".spec.items[0]",
-        ".[]",
-        ".spec.a b",
-    ] {
-        let error = FieldPath::parse(bad).unwrap_err();
-        assert_eq!(error.text, bad);
-        assert!(!error.problem.is_empty(), "{bad}");
-    }
-    let error = FieldPath::parse("spec.template").unwrap_err();
-    assert_eq!(
-        error.to_string(),
-        "path \"spec.template\": a path starts with '.', for example .spec.template"
-    );
-}
-
-#[test]
 fn reference_rules_name_custom_references() {
     let widget = json!({
         "apiVersion": "example.com/v1", "kind": "Widget",
@@ -250,11 +218,7 @@ fn reference_rules_name_custom_references() {
         ReferenceRule::new(".spec.count", "v1", "ConfigMap").unwrap(),
         ReferenceRule::new(".spec.missing[].name", "v1", "ConfigMap").unwrap(),
     ];
-    let fields = ReferenceFields {
-        pod_template: None,
-        rules: rules.to_vec(),
-    };
-    let refs = references_in("example.com/v1", "Widget", &widget, &fields);
+    let refs = references_in("example.com/v1", "Widget", &widget, None, &rules);
     assert_eq!(
         names(&refs),
         [
@@ -266,23 +230,23 @@ fn reference_rules_name_custom_references() {
         ]
     );
     // The object form and the name form find the same ConfigMap.
-    let object_form = ReferenceFields {
-        pod_template: None,
-        rules: vec![ReferenceRule::new(".spec.configRef", "v1", "ConfigMap").unwrap()],
-    };
+    let object_form = [ReferenceRule::new(".spec.configRef", "v1", "ConfigMap").unwrap()];
     assert_eq!(
         names(&references_in(
             "example.com/v1",
             "Widget",
             &widget,
+            None,
             &object_form
         )),
         ["ConfigMap/widget-config"]
     );
     // Refused rules say what to write.
     for (path, api_version, kind, what) in [
-        ("spec.x", "v1", "ConfigMap", "path"),
+        ("spec.x", "v1", "ConfigMap", "reference rule path"),
         (".", "v1", "ConfigMap", "reference rule path"),
+        (".spec..name", "v1", "ConfigMap", "reference rule path"),
+        (".spec.items[0]", "v1", "ConfigMap", "reference rule path"),
         (".spec.x", "", "ConfigMap", "reference rule apiVersion"),
         (".spec.x", "a/b/c", "ConfigMap", "reference rule apiVersion"),
         (".spec.x", "v1", "configmap", "reference rule kind"),
@@ -300,15 +264,19 @@ fn pod_template_and_rules_together() {
         json!({"template": {"spec": {"containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": "env"}}]}]}},
                "configRef": {"name": "env"}, "tokenSecret": "token"}),
     );
-    let fields = ReferenceFields {
-        pod_template: Some(FieldPath::parse(".spec.template").unwrap()),
-        rules: vec![
-            ReferenceRule::new(".spec.configRef.name", "v1", "ConfigMap").unwrap(),
-            ReferenceRule::new(".spec.tokenSecret", "v1", "Secret").unwrap(),
-        ],
-    };
+    let template = FieldPath::parse(".spec.template").unwrap();
+    let rules = [
+        ReferenceRule::new(".spec.configRef.name", "v1", "ConfigMap").unwrap(),
+        ReferenceRule::new(".spec.tokenSecret", "v1", "Secret").unwrap(),
+    ];
     assert_eq!(
-        names(&references_in("example.com/v1", "Runner", &custom, &fields)),
+        names(&references_in(
+            "example.com/v1",
+            "Runner",
+            &custom,
+            Some(&template),
+            &rules
+        )),
         ["ConfigMap/env", "Secret/token"]
     );
 }
