@@ -26,6 +26,33 @@ pub async fn lab() -> Result<Lab> {
     Ok(lab)
 }
 
+/// A test's own namespaced CRD of `group`, version v1: `kind`, `plural`, the object
+/// `schema` (its openAPIV3Schema), and the status subresource when `status` is set.
+pub fn test_crd(
+    group: &str,
+    kind: &str,
+    plural: &str,
+    schema: serde_json::Value,
+    status: bool,
+) -> serde_json::Value {
+    let mut version = serde_json::json!({
+        "name": "v1", "served": true, "storage": true,
+        "schema": {"openAPIV3Schema": schema}
+    });
+    if status {
+        version["subresources"] = serde_json::json!({"status": {}});
+    }
+    serde_json::json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("{plural}.{group}")},
+        "spec": {
+            "group": group, "scope": "Namespaced",
+            "names": {"plural": plural, "singular": kind.to_lowercase(), "kind": kind},
+            "versions": [version]
+        }
+    })
+}
+
 /// Installs a test's own CRD (`crd`, a CustomResourceDefinition as JSON) in the hub and
 /// every member, and waits until it is Established everywhere.
 pub async fn install_crd_everywhere(crd: &serde_json::Value) -> Result<()> {

@@ -34,22 +34,17 @@ fn gizmos() -> ApiResource {
 
 /// The Gizmo CRD: `spec.configRef.name` names a ConfigMap, `spec.partners` other Gizmos.
 fn gizmo_crd() -> serde_json::Value {
-    json!({
-        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-        "metadata": {"name": "gizmos.example.org"},
-        "spec": {
-            "group": "example.org", "scope": "Namespaced",
-            "names": {"plural": "gizmos", "singular": "gizmo", "kind": "Gizmo"},
-            "versions": [{
-                "name": "v1", "served": true, "storage": true,
-                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
-                    "spec": {"type": "object", "properties": {
-                        "configRef": {"type": "object", "properties": {"name": {"type": "string"}}},
-                        "partners": {"type": "array", "items": {"type": "string"}}}}
-                }}}
-            }]
-        }
-    })
+    bulkhead_e2e::support::test_crd(
+        "example.org",
+        "Gizmo",
+        "gizmos",
+        json!({"type": "object", "properties": {
+            "spec": {"type": "object", "properties": {
+                "configRef": {"type": "object", "properties": {"name": {"type": "string"}}},
+                "partners": {"type": "array", "items": {"type": "string"}}}}
+        }}),
+        false,
+    )
 }
 
 fn secrets() -> ApiResource {

@@ -351,11 +351,28 @@ fn replacement_ready(input: &PlanInput<'_>) -> bool {
                 Some(copy) if !input.interpretation.divisible() => {
                     copy.metadata.deletion_timestamp.is_none()
                 }
-                Some(copy) => current == Some(t.replicas) && copy_ready(copy) >= t.replicas,
+                Some(copy) => {
+                    current == Some(t.replicas)
+                        && ready_at_target(input.interpretation, copy, t.replicas)
+                }
             },
             _ => false,
         }
     })
+}
+
+/// Whether a copy that holds its target replicas is Ready by its kind's health rule: its
+/// ready count reaches them (`ReadyReplicas`), its condition holds (`Condition`), or it is
+/// there as applied (`Present`: a kind that reports no readiness is Ready once its copy
+/// carries the new count, or make-before-break would wait for it forever).
+fn ready_at_target(interpretation: &Interpretation, copy: &DynamicObject, replicas: i32) -> bool {
+    if copy.metadata.deletion_timestamp.is_some() {
+        return false;
+    }
+    if interpretation.reports_readiness() {
+        return copy_ready(copy) >= replicas;
+    }
+    interpretation.condition_healthy(copy.data.get("status")) != Some(false)
 }
 
 fn plan_cleanup(input: &PlanInput<'_>, plan: &mut Plan) {
@@ -914,6 +931,83 @@ mod tests {
         assert_eq!(deleted, ["north", "west"]);
         assert!(healed.deletes.iter().all(|d| !d.template_deleted));
         assert!(healed.waiting_for.is_empty());
+    }
+
+    /// A divisible custom kind whose interpreter names no ready count (`health: Present`):
+    /// once the kept copy carries its new count, the removed cluster's copy goes (make-
+    /// before-break completes); with `Condition` health, only when the condition holds.
+    #[test]
+    fn make_before_break_follows_the_kinds_health_rule() {
+        let spec = |health: Value| -> crate::api::resource_interpreter::ResourceInterpreterSpec {
+            serde_json::from_value(json!({
+                "target": {"apiVersion": "example.org/v1", "kind": "Vault"},
+                "replicas": ".spec.replicas", "stateful": true, "health": health
+            }))
+            .unwrap()
+        };
+        let present = Interpretation::from_spec(
+            &spec(json!({})),
+            crate::hub::federation::interpreter::Source::Default,
+        )
+        .unwrap();
+        let condition = Interpretation::from_spec(
+            &spec(json!({"type": "Condition", "condition": {"type": "Available"}})),
+            crate::hub::federation::interpreter::Source::Default,
+        )
+        .unwrap();
+        let template = template(1);
+        let previous = targets(&[("east", 1), ("west", 1)]);
+        let new = targets(&[("west", 1)]);
+        let vault = |replicas: i32, uid: &str, status: Value| -> DynamicObject {
+            let mut value = copy_of(&template, "shop.web", Some(replicas));
+            value["metadata"]["uid"] = json!(uid);
+            value["status"] = status;
+            serde_json::from_value(value).unwrap()
+        };
+        let east = vault(1, "e", Value::Null);
+        let west = vault(1, "w", Value::Null);
+        let members = [member("east", Some(&east)), member("west", Some(&west))];
+        let mut input = input(&template, &new, &members);
+        input.previous = &previous;
+        input.interpretation = &present;
+        let deleted: Vec<String> = plan(&input)
+            .deletes
+            .into_iter()
+            .map(|d| d.cluster)
+            .collect();
+        assert_eq!(deleted, ["east"], "Present: west at its count is Ready");
+
+        input.interpretation = &condition;
+        let west_unavailable = vault(
+            1,
+            "w",
+            json!({"conditions": [{"type": "Available", "status": "False"}]}),
+        );
+        let members = [
+            member("east", Some(&east)),
+            member("west", Some(&west_unavailable)),
+        ];
+        input.members = &members;
+        assert!(
+            plan(&input).deletes.is_empty(),
+            "Condition False: east keeps its copy"
+        );
+        let west_available = vault(
+            1,
+            "w",
+            json!({"conditions": [{"type": "Available", "status": "True"}]}),
+        );
+        let members = [
+            member("east", Some(&east)),
+            member("west", Some(&west_available)),
+        ];
+        input.members = &members;
+        let deleted: Vec<String> = plan(&input)
+            .deletes
+            .into_iter()
+            .map(|d| d.cluster)
+            .collect();
+        assert_eq!(deleted, ["east"]);
     }
 
     #[test]
