@@ -365,3 +365,82 @@ async fn a_custom_kinds_references_are_followed_through_chains_and_a_cycle_is_re
     let _ = interpreters.delete(&interpreter, &Default::default()).await;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_dependency_stays_as_long_as_its_workload_tolerates_a_partition() -> Result<()> {
+    let federation = start("deps-cut").await?;
+    let ns = federation.namespace.clone();
+    federation
+        .apply(
+            &config_maps(),
+            json!({"apiVersion": "v1", "kind": "ConfigMap",
+                   "metadata": {"name": "tolerant", "namespace": ns}, "data": {"mode": "fast"}}),
+        )
+        .await?;
+    // The workload tolerates an unreachable member for 10 minutes, far longer than the
+    // default (60 s) a binding of the ConfigMap's own would have.
+    federation
+        .apply(
+            &policies(),
+            federation.policy(
+                "patient",
+                json!([{"apiVersion": "apps/v1", "kind": "Deployment", "name": "patient"}]),
+                json!({"clusterAffinity": {"clusterNames": ["east", "west"]}}),
+                json!({"propagateDeps": true, "failover": {"stateless": {"tolerationSeconds": 600}}}),
+            ),
+        )
+        .await?;
+    federation
+        .apply(
+            &deployments(),
+            json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "patient", "namespace": ns},
+                "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "patient"}},
+                    "template": {"metadata": {"labels": {"app": "patient"}},
+                        "spec": {"containers": [{"name": "c", "image": "nginx",
+                            "envFrom": [{"configMapRef": {"name": "tolerant"}}]}]}}}}),
+        )
+        .await?;
+    wait_holders(&federation, &deployments(), "patient", &["east", "west"]).await?;
+    wait_holders(&federation, &config_maps(), "tolerant", &["east", "west"]).await?;
+    let before = federation
+        .api("east", &config_maps())
+        .get("tolerant")
+        .await?
+        .metadata
+        .uid;
+
+    let partition = bulkhead_e2e::support::Partition::start(&federation.lab, "east")?;
+    federation
+        .wait_member_ready("east", false, Duration::from_secs(30))
+        .await?;
+    // Past the default toleration: both bindings still place east.
+    tokio::time::sleep(Duration::from_secs(70)).await;
+    for binding in ["patient-deployment", "tolerant-configmap"] {
+        let clusters: Vec<String> = federation
+            .binding(binding)
+            .await?
+            .map(|b| b.spec.clusters.into_iter().map(|t| t.name).collect())
+            .unwrap_or_default();
+        assert_eq!(clusters, ["east", "west"], "{binding} during the partition");
+    }
+    partition.heal()?;
+    federation
+        .wait_member_ready("east", true, Duration::from_secs(60))
+        .await?;
+    // The hub reconciles everything on the heal; give it several probe intervals (its
+    // queue is not empty: the workload's 10-minute toleration has a requeue pending).
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let after = federation
+        .api("east", &config_maps())
+        .get("tolerant")
+        .await?
+        .metadata
+        .uid;
+    assert_eq!(after, before, "the ConfigMap in east is the same one");
+    assert_eq!(
+        holders(&federation, &deployments(), "patient").await,
+        ["east", "west"]
+    );
+    Ok(())
+}

@@ -713,9 +713,15 @@ fn following(
     if restrict.is_empty() {
         return None;
     }
+    // Every taint is tolerated: the workloads' own placement (their policies' tolerations
+    // and failover timing) already chose these clusters. A toleration of its own would
+    // take a ConfigMap out of a cluster its workload still runs in.
     let spec: PropagationSpec = serde_json::from_value(json!({
         "resourceSelectors": [{"apiVersion": resource.api_version, "kind": resource.kind, "name": key.name}],
-        "placement": {"clusterAffinity": {"clusterNames": restrict}},
+        "placement": {
+            "clusterAffinity": {"clusterNames": restrict},
+            "clusterTolerations": [{"operator": "Exists"}],
+        },
     }))
     .ok()?;
     let candidate = PolicyCandidate {
