@@ -253,16 +253,6 @@ pub(crate) fn divide_with_minimum(total: u32, parties: &[Party<'_>], minimum: u3
     }
 
     match handed.cmp(&remaining) {
-        Ordering::Less
-            if add_at_the_boundary(parties, &positive, &mut seats, remaining - handed) => {}
-        Ordering::Greater
-            if take_back_at_the_boundary(
-                parties,
-                &positive,
-                &mut seats,
-                floor,
-                handed - remaining,
-            ) => {}
         Ordering::Less => {
             // Add the best next seats.
             let mut next: BinaryHeap<Seat<'_, '_>> = positive
@@ -299,113 +289,6 @@ pub(crate) fn divide_with_minimum(total: u32, parties: &[Party<'_>], minimum: u3
         Ordering::Equal => {}
     }
     seats
-}
-
-/// The priority part of the seat order for two later seats (k >= 1):
-/// `weight_a / (2·k_a + 1)` against `weight_b / (2·k_b + 1)`, exactly.
-fn later_priority(a: &Seat<'_, '_>, b: &Seat<'_, '_>) -> Ordering {
-    let left = u128::from(a.party.weight) * u128::from(2 * b.k + 1);
-    let right = u128::from(b.party.weight) * u128::from(2 * a.k + 1);
-    left.cmp(&right)
-}
-
-/// The fast path for adding `missing` seats: when the best `missing` next seats come
-/// from different parties, they are the top of the next seats, found by selection on the
-/// priority alone; only seats tied with the last one taken are ordered in full (the tie
-/// break hashes names, so it runs on as few seats as possible). Returns false, changing
-/// nothing, when a party could take two of them (the heap then decides seat by seat).
-fn add_at_the_boundary(
-    parties: &[Party<'_>],
-    positive: &[usize],
-    seats: &mut [u32],
-    missing: u64,
-) -> bool {
-    let take = missing as usize;
-    if take >= positive.len() {
-        return false;
-    }
-    let mut next: Vec<Seat<'_, '_>> = positive
-        .iter()
-        .map(|&i| Seat::of(parties, i, u64::from(seats[i])))
-        .collect();
-    // Best first by priority; `next[take - 1]` is the boundary priority.
-    next.select_nth_unstable_by(take - 1, |a, b| later_priority(b, a));
-    let boundary = next[take - 1];
-    // Those strictly above the boundary are in; among the tied ones (on either side of
-    // the selection point) the full order decides.
-    let (mut chosen, mut tied): (Vec<Seat<'_, '_>>, Vec<Seat<'_, '_>>) = (Vec::new(), Vec::new());
-    for seat in &next {
-        match later_priority(seat, &boundary) {
-            Ordering::Greater => chosen.push(*seat),
-            Ordering::Equal => tied.push(*seat),
-            Ordering::Less => {}
-        }
-    }
-    let from_tied = take - chosen.len();
-    if from_tied < tied.len() {
-        tied.select_nth_unstable_by(from_tied, |a, b| b.cmp(a));
-    }
-    chosen.extend_from_slice(&tied[..from_tied]);
-    // A chosen party's following seat must come after every seat taken.
-    if chosen.iter().any(|seat| {
-        let following = Seat::of(parties, seat.index, seat.k + 1);
-        later_priority(&following, &boundary) != Ordering::Less
-    }) {
-        return false;
-    }
-    for seat in &chosen {
-        seats[seat.index] += 1;
-    }
-    true
-}
-
-/// The fast path for taking back `excess` later seats: the mirror of
-/// [`add_at_the_boundary`] over each party's last later seat (never a floor seat).
-fn take_back_at_the_boundary(
-    parties: &[Party<'_>],
-    positive: &[usize],
-    seats: &mut [u32],
-    floor: u32,
-    excess: u64,
-) -> bool {
-    let mut last: Vec<Seat<'_, '_>> = positive
-        .iter()
-        .filter(|&&i| seats[i] > floor)
-        .map(|&i| Seat::of(parties, i, u64::from(seats[i]) - 1))
-        .collect();
-    let take = excess as usize;
-    if take >= last.len() {
-        return false;
-    }
-    // Worst first by priority; `last[take - 1]` is the boundary priority.
-    last.select_nth_unstable_by(take - 1, later_priority);
-    let boundary = last[take - 1];
-    let (mut chosen, mut tied): (Vec<Seat<'_, '_>>, Vec<Seat<'_, '_>>) = (Vec::new(), Vec::new());
-    for seat in &last {
-        match later_priority(seat, &boundary) {
-            Ordering::Less => chosen.push(*seat),
-            Ordering::Equal => tied.push(*seat),
-            Ordering::Greater => {}
-        }
-    }
-    let from_tied = take - chosen.len();
-    if from_tied < tied.len() {
-        tied.select_nth_unstable_by(from_tied, |a, b| a.cmp(b));
-    }
-    chosen.extend_from_slice(&tied[..from_tied]);
-    // A chosen party's previous later seat must come before every seat kept.
-    if chosen.iter().any(|seat| {
-        seat.k > u64::from(floor) && {
-            let previous = Seat::of(parties, seat.index, seat.k - 1);
-            later_priority(&previous, &boundary) != Ordering::Greater
-        }
-    }) {
-        return false;
-    }
-    for seat in &chosen {
-        seats[seat.index] -= 1;
-    }
-    true
 }
 
 /// One candidate for `Divided/Aggregated`, in preference order.
