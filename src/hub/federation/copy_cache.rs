@@ -275,6 +275,7 @@ fn start_watches(client: &Client, kinds: &Kinds, cluster: &str) -> (ClusterCopie
         let unavailable = unavailable.clone();
         let what = format!("{} {}", resource.api_version, resource.kind);
         let writer = reflector::store::Writer::<DynamicObject>::new(resource.clone());
+        let mut seen = SeenCopies::default();
         stores.push((resource.clone(), writer.as_reader()));
         let api = Api::<DynamicObject>::all_with(client.clone(), resource);
         let config = watcher::Config::default().labels(&managed_selector());
@@ -291,6 +292,9 @@ fn start_watches(client: &Client, kinds: &Kinds, cluster: &str) -> (ClusterCopie
                     return Some(CopyEvent::Relisted {
                         cluster: cluster.clone(),
                     });
+                }
+                if event.as_ref().is_ok_and(|event| !seen.changes(event)) {
+                    return None;
                 }
                 copy_event(&cluster, kind, event)
             })
@@ -391,6 +395,58 @@ fn note_availability(
     }
 }
 
+/// The last slim content of every copy one watch delivered (a hash, without the
+/// resourceVersion), so that an update that changed nothing the hub keeps (a condition's
+/// timestamp, a field of the status it does not read, managed fields) wakes no template:
+/// while pods come up in a burst most of a Deployment's status updates are such.
+#[derive(Default)]
+struct SeenCopies(HashMap<(String, String), u64>);
+
+impl SeenCopies {
+    /// Whether `event` changes what the hub knows (the store is updated either way).
+    fn changes(&mut self, event: &watcher::Event<DynamicObject>) -> bool {
+        let key =
+            |object: &DynamicObject| (object.namespace().unwrap_or_default(), object.name_any());
+        match event {
+            watcher::Event::Apply(object) => {
+                let fingerprint = slim_fingerprint(object);
+                self.0.insert(key(object), fingerprint) != Some(fingerprint)
+            }
+            watcher::Event::InitApply(object) => {
+                self.0.insert(key(object), slim_fingerprint(object));
+                true
+            }
+            watcher::Event::Delete(object) => {
+                self.0.remove(&key(object));
+                true
+            }
+            // A relist: what is not listed again is gone (and forgotten here).
+            watcher::Event::Init => {
+                self.0.clear();
+                true
+            }
+            watcher::Event::InitDone => true,
+        }
+    }
+}
+
+/// A hash of a slim copy without its resourceVersion.
+fn slim_fingerprint(object: &DynamicObject) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    let meta = &object.metadata;
+    (
+        &meta.uid,
+        &meta.generation,
+        &meta.deletion_timestamp.as_ref().map(|t| t.0.as_second()),
+        &meta.labels,
+        &meta.annotations,
+    )
+        .hash(&mut hasher);
+    object.data.to_string().hash(&mut hasher);
+    hasher.finish()
+}
+
 /// What a watch event of a member's copies means for the hub.
 fn copy_event(
     cluster: &str,
@@ -481,6 +537,50 @@ mod tests {
             custom.data,
             json!({"spec": {"replicas": 4}, "status": {"readyReplicas": 3}})
         );
+    }
+
+    #[test]
+    fn an_update_that_leaves_the_slim_copy_as_it_was_wakes_nothing() {
+        let interpretation = crate::hub::federation::interpreter::Interpreters::built_in()
+            .get("apps/v1", "Deployment");
+        let slim = |edit: &dyn Fn(&mut DynamicObject)| {
+            let mut object = copy();
+            edit(&mut object);
+            slim_copy(&mut object, &interpretation);
+            object
+        };
+        let mut seen = SeenCopies::default();
+        let first = slim(&|_| {});
+        assert!(seen.changes(&watcher::Event::Apply(first)), "new");
+        // A new resourceVersion, a condition and managed fields: nothing the hub keeps.
+        let same = slim(&|o| {
+            o.metadata.resource_version = Some("8".into());
+            o.data["status"]["conditions"] = json!([{"type": "Progressing"}]);
+        });
+        assert!(!seen.changes(&watcher::Event::Apply(same)));
+        let ready = slim(&|o| o.data["status"]["readyReplicas"] = json!(3));
+        assert!(
+            seen.changes(&watcher::Event::Apply(ready.clone())),
+            "status read"
+        );
+        let drifted = slim(&|o| {
+            o.data["status"]["readyReplicas"] = json!(3);
+            o.metadata.generation = Some(3);
+        });
+        assert!(
+            seen.changes(&watcher::Event::Apply(drifted.clone())),
+            "generation"
+        );
+        assert!(seen.changes(&watcher::Event::Delete(drifted.clone())));
+        assert!(
+            seen.changes(&watcher::Event::Apply(drifted)),
+            "back after a delete"
+        );
+        // A relist forgets: whatever is listed again counts as seen anew.
+        assert!(seen.changes(&watcher::Event::Init));
+        assert!(seen.0.is_empty());
+        assert!(seen.changes(&watcher::Event::InitApply(ready.clone())));
+        assert!(!seen.changes(&watcher::Event::Apply(ready)));
     }
 
     #[test]

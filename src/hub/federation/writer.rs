@@ -90,7 +90,10 @@ impl CopyOp {
                 resolution,
             } => {
                 "apply".hash(&mut hasher);
-                object.to_string().hash(&mut hasher);
+                // Streamed into the hasher: every reconcile fingerprints each member's op
+                // (twice), and a String of the whole copy per call was a measurable part
+                // of a burst's allocations.
+                let _ = serde_json::to_writer(HashWriter(&mut hasher), object);
                 check_conflict.hash(&mut hasher);
                 format!("{resolution:?}").hash(&mut hasher);
             }
@@ -111,6 +114,20 @@ impl CopyOp {
             CopyOp::Apply { .. } => "apply",
             CopyOp::Delete { .. } => "delete",
         }
+    }
+}
+
+/// Feeds what is written into a hasher.
+struct HashWriter<'a, H>(&'a mut H);
+
+impl<H: std::hash::Hasher> std::io::Write for HashWriter<'_, H> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.write(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

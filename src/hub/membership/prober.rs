@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
@@ -248,10 +248,8 @@ async fn read_inventory(
         let nodes = Api::<Node>::all(client.clone())
             .list(&ListParams::default())
             .await?;
-        let pods = Api::<Pod>::all(client.clone())
-            .list(&ListParams::default().fields("status.phase!=Succeeded,status.phase!=Failed"))
-            .await?;
-        Ok::<_, kube::Error>(capacity::summarize(&nodes.items, &pods.items))
+        let pods = active_pods(client).await?;
+        Ok::<_, kube::Error>(capacity::summarize(&nodes.items, &pods))
     };
     let capacity = match tokio::time::timeout(timeout, lists).await {
         Ok(Ok(capacity)) => Some(capacity),
@@ -262,6 +260,33 @@ async fn read_inventory(
         Err(_) => None,
     };
     (version, capacity)
+}
+
+/// Pods per page of the capacity list: a page's text and parse are what the hub holds
+/// at once, whatever the member runs.
+const PODS_PER_PAGE: u32 = 250;
+
+/// The member's pods that are not finished, page by page, as what capacity reads of them.
+async fn active_pods(client: &Client) -> Result<Vec<capacity::PodRequests>, kube::Error> {
+    let mut pods = vec![];
+    let mut token: Option<String> = None;
+    loop {
+        let mut params = ListParams::default()
+            .fields("status.phase!=Succeeded,status.phase!=Failed")
+            .limit(PODS_PER_PAGE);
+        if let Some(token) = &token {
+            params = params.continue_token(token);
+        }
+        let request = kube::core::Request::new("/api/v1/pods")
+            .list(&params)
+            .map_err(kube::Error::BuildRequest)?;
+        let page: capacity::PodRequestsPage = client.request(request).await?;
+        pods.extend(page.items);
+        match page.metadata.continue_token.filter(|t| !t.is_empty()) {
+            Some(next) => token = Some(next),
+            None => return Ok(pods),
+        }
+    }
 }
 
 /// Probes one member until it leaves the registry or `cancel` fires.
