@@ -38,6 +38,24 @@ pub struct TemplateRef<'a> {
     pub labels: &'a BTreeMap<String, String>,
 }
 
+static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+
+impl<'a> TemplateRef<'a> {
+    /// A hub template of `resource`, borrowed as it is (nothing copied).
+    pub fn of(
+        resource: &'a kube::api::ApiResource,
+        template: &'a kube::api::DynamicObject,
+    ) -> Self {
+        TemplateRef {
+            api_version: &resource.api_version,
+            kind: &resource.kind,
+            namespace: template.metadata.namespace.as_deref().unwrap_or_default(),
+            name: template.metadata.name.as_deref().unwrap_or_default(),
+            labels: template.metadata.labels.as_ref().unwrap_or(&NO_LABELS),
+        }
+    }
+}
+
 /// Namespaced or cluster-scoped policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PolicyScope {

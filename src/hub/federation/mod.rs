@@ -474,14 +474,7 @@ fn build_dependency_graph(context: &Context) {
         }
         for template in context.stores.templates[kind].state() {
             let key = template_key(kind, &template);
-            let labels = template.labels().clone();
-            let reference = matching::TemplateRef {
-                api_version: &resource.api_version,
-                kind: &resource.kind,
-                namespace: &key.namespace,
-                name: &key.name,
-                labels: &labels,
-            };
+            let reference = matching::TemplateRef::of(resource, &template);
             let chosen = matching::choose_policy(&reference, &candidates);
             let workload = chosen.as_ref().is_some_and(|(p, _)| p.spec.propagate_deps);
             if chosen.is_some() && !workload {

@@ -1188,17 +1188,12 @@ pub fn for_template<'a>(
     clusters: &'a [ClusterView],
     paths: WorkloadPaths,
 ) -> TemplateOverrides<'a> {
-    let namespace = template.metadata.namespace.clone().unwrap_or_default();
-    let name = template.metadata.name.clone().unwrap_or_default();
-    let labels = template.metadata.labels.clone().unwrap_or_default();
-    let reference = TemplateRef {
-        api_version: &resource.api_version,
-        kind: &resource.kind,
-        namespace: &namespace,
-        name: &name,
-        labels: &labels,
-    };
-    TemplateOverrides::new(&reference, candidates, clusters, paths)
+    TemplateOverrides::new(
+        &TemplateRef::of(resource, template),
+        candidates,
+        clusters,
+        paths,
+    )
 }
 
 /// The Events of a change of the binding's rows: (warning, reason, note) for each

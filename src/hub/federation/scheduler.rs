@@ -134,14 +134,7 @@ pub fn desired_binding(
 ) -> Option<DesiredBinding> {
     let namespace = template.namespace().unwrap_or_default();
     let name = template.name_any();
-    let labels = template.labels().clone();
-    let reference = TemplateRef {
-        api_version: &resource.api_version,
-        kind: &resource.kind,
-        namespace: &namespace,
-        name: &name,
-        labels: &labels,
-    };
+    let reference = TemplateRef::of(resource, template);
     let choice = choose(&reference, candidates)?;
     let policy = choice.policy;
     let divisible = interpretation.divisible();
