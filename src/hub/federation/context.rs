@@ -247,13 +247,14 @@ pub(super) struct Context {
     pub generations: Mutex<HashMap<String, GenerationSeen>>,
     /// Template -> when the taint that caused its eviction was added.
     pub failovers: Mutex<HashMap<ObjectKey, jiff::Timestamp>>,
-    /// Status key -> since when a converging status has been waiting to be written.
-    pub converging: Mutex<HashMap<String, Instant>>,
+    /// Status key -> a status on its way: since when it waits, and how often it was
+    /// written before it converged.
+    pub converging: Mutex<HashMap<String, Converging>>,
     /// What the hub API server returned to the hub's last binding write, until the
     /// binding store has caught up with it.
-    pub written_bindings: Mutex<HashMap<ObjectKey, Arc<ResourceBinding>>>,
+    pub written_bindings: Written<ResourceBinding>,
     /// The same for templates (finalizer and status writes).
-    pub written_templates: Mutex<HashMap<ObjectKey, Arc<DynamicObject>>>,
+    pub written_templates: Written<DynamicObject>,
     /// The last report of every template, and their sums (the gauges).
     pub reports: Mutex<Reports>,
     /// Dependencies following their workloads (`propagateDeps`).
@@ -278,6 +279,23 @@ fn caught_up(seen: &kube::api::ObjectMeta, written: &kube::api::ObjectMeta) -> b
 
 /// The fresher of a store's object and a write's response; forgets the response once
 /// the store has caught up.
+/// What the hub API server returned to the hub's last write of an object, by template,
+/// until the object's store has caught up with it. Shared with the watch that triggers
+/// work, which knows the hub's own writes by it (see [`is_echo`]).
+pub type Written<K> = Arc<Mutex<HashMap<ObjectKey, Arc<K>>>>;
+
+/// Whether `seen`, just delivered by a watch, is the hub's own last write of `key`'s
+/// object coming back: the reconcile that wrote it already went on from what was
+/// written, so it is no cause for work (another writer's change has another
+/// resourceVersion).
+pub fn is_echo<K: Resource>(memo: &Written<K>, key: &ObjectKey, seen: &K) -> bool {
+    let memo = memo.lock().unwrap_or_else(|p| p.into_inner());
+    memo.get(key).is_some_and(|written| {
+        written.meta().resource_version.is_some()
+            && written.meta().resource_version == seen.meta().resource_version
+    })
+}
+
 fn fresher<K: Resource>(
     memo: &Mutex<HashMap<ObjectKey, Arc<K>>>,
     key: &ObjectKey,
@@ -477,28 +495,33 @@ impl Context {
     }
 
     /// Whether a status change for `key` should wait: it is still converging and has not
-    /// waited `coalesce` yet. Returns how much longer it may wait.
+    /// waited long enough yet. Returns how much longer it may wait. The first write of a
+    /// status on its way waits `coalesce`, the next twice that, every later one four times
+    /// that (30 s, 60 s, then every 120 s), until it converges: a long rollout costs a few
+    /// writes, not one every `coalesce`.
     pub fn defer_status(&self, key: &str, converged: bool, coalesce: Duration) -> Option<Duration> {
         let mut waiting = self.converging.lock().unwrap_or_else(|p| p.into_inner());
         if converged {
             waiting.remove(key);
             return None;
         }
-        let since = *waiting.entry(key.to_string()).or_insert_with(Instant::now);
-        let waited = since.elapsed();
-        if waited >= coalesce {
-            waiting.remove(key);
-            None
-        } else {
-            Some(coalesce - waited)
-        }
+        waiting
+            .entry(key.to_string())
+            .or_default()
+            .defer(Instant::now(), coalesce)
     }
 
+    /// A status of `key` was written, or found as wanted: nothing waits now (how often it
+    /// was written on its way is kept until it converges).
     pub fn status_written(&self, key: &str) {
-        self.converging
+        if let Some(entry) = self
+            .converging
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(key);
+            .get_mut(key)
+        {
+            entry.since = None;
+        }
     }
 
     pub fn count_write(&self, what: &str) {
@@ -635,6 +658,31 @@ pub(super) fn candidates<'a>(
     candidates
 }
 
+/// A status on its way (see [`Context::defer_status`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Converging {
+    /// Since when a change waits to be written.
+    since: Option<Instant>,
+    /// Writes while it had not converged.
+    written: u32,
+}
+
+impl Converging {
+    /// How much longer a change seen at `now` waits (None: write it now, which counts).
+    fn defer(&mut self, now: Instant, coalesce: Duration) -> Option<Duration> {
+        let since = *self.since.get_or_insert(now);
+        let wait = coalesce.saturating_mul(1 << self.written.min(2));
+        let waited = now.saturating_duration_since(since);
+        if waited >= wait {
+            self.since = None;
+            self.written = self.written.saturating_add(1);
+            None
+        } else {
+            Some(wait - waited)
+        }
+    }
+}
+
 /// Prefix of every status key of a template in [`Context::converging`].
 fn status_prefix(key: &ObjectKey) -> String {
     format!("{}/{}/{}/", key.kind, key.namespace, key.name)
@@ -653,6 +701,35 @@ pub(super) fn template_status_key(key: &ObjectKey) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_status_on_its_way_is_written_less_often_the_longer_it_takes() {
+        let coalesce = Duration::from_secs(30);
+        let start = Instant::now();
+        let at = |s: u64| start + Duration::from_secs(s);
+        let mut converging = Converging::default();
+        // The first change waits 30 s from when it was seen.
+        assert_eq!(
+            converging.defer(at(0), coalesce),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(
+            converging.defer(at(10), coalesce),
+            Some(Duration::from_secs(20))
+        );
+        assert_eq!(converging.defer(at(30), coalesce), None);
+        // The next waits 60 s from the first change after that write.
+        assert_eq!(
+            converging.defer(at(35), coalesce),
+            Some(Duration::from_secs(60))
+        );
+        assert_eq!(converging.defer(at(95), coalesce), None);
+        // Then 120 s, and no longer.
+        for written in [100, 220, 340] {
+            assert!(converging.defer(at(written), coalesce).is_some());
+            assert_eq!(converging.defer(at(written + 120), coalesce), None);
+        }
+    }
 
     fn meta(uid: &str, version: &str) -> kube::api::ObjectMeta {
         kube::api::ObjectMeta {

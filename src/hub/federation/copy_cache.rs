@@ -86,6 +86,8 @@ pub enum CopyEvent {
         kind: usize,
         namespace: String,
         name: String,
+        /// Only the status of a copy still on its way to Ready moved (see [`Seen`]).
+        progress: bool,
     },
     /// A member's copies were (re)listed, or the member is no longer watched: anything of
     /// its copies may have changed.
@@ -272,6 +274,7 @@ fn start_watches(client: &Client, kinds: &Kinds, cluster: &str) -> (ClusterCopie
     for (kind, (resource, interpretation)) in kinds.iter().enumerate() {
         let cluster = cluster.to_string();
         let interpretation = interpretation.clone();
+        let read_as = interpretation.clone();
         let unavailable = unavailable.clone();
         let what = format!("{} {}", resource.api_version, resource.kind);
         let writer = reflector::store::Writer::<DynamicObject>::new(resource.clone());
@@ -293,10 +296,14 @@ fn start_watches(client: &Client, kinds: &Kinds, cluster: &str) -> (ClusterCopie
                         cluster: cluster.clone(),
                     });
                 }
-                if event.as_ref().is_ok_and(|event| !seen.changes(event)) {
+                let seen = match &event {
+                    Ok(event) => seen.changes(event, &read_as),
+                    Err(_) => Seen::Change,
+                };
+                if seen == Seen::Nothing {
                     return None;
                 }
-                copy_event(&cluster, kind, event)
+                copy_event(&cluster, kind, event, seen == Seen::Progress)
             })
             .boxed(),
         );
@@ -398,40 +405,72 @@ fn note_availability(
 /// The last slim content of every copy one watch delivered (a hash, without the
 /// resourceVersion), so that an update that changed nothing the hub keeps (a condition's
 /// timestamp, a field of the status it does not read, managed fields) wakes no template:
-/// while pods come up in a burst most of a Deployment's status updates are such.
+/// while pods come up in a burst most of a Deployment's status updates are such. Kept per
+/// copy: a hash of everything but its status, a hash of its status, and whether it was
+/// Ready by its kind's rule.
 #[derive(Default)]
-struct SeenCopies(HashMap<(String, String), u64>);
+struct SeenCopies(HashMap<(String, String), (u64, u64, bool)>);
+
+/// What a watch event changes of what the hub knows of a copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Seen {
+    /// Nothing the hub keeps.
+    Nothing,
+    /// Only the copy's status moved, and the copy is not Ready by its kind's rule, nor
+    /// was it: a rollout on its way. Nothing waits for this but the status's next write.
+    Progress,
+    /// Anything else: a new, changed or deleted copy, a status that became Ready or
+    /// stopped being Ready, a relist.
+    Change,
+}
 
 impl SeenCopies {
-    /// Whether `event` changes what the hub knows (the store is updated either way).
-    fn changes(&mut self, event: &watcher::Event<DynamicObject>) -> bool {
+    /// What `event` changes of what the hub knows (the store is updated either way).
+    fn changes(
+        &mut self,
+        event: &watcher::Event<DynamicObject>,
+        interpretation: &Interpretation,
+    ) -> Seen {
         let key =
             |object: &DynamicObject| (object.namespace().unwrap_or_default(), object.name_any());
+        let summary = |object: &DynamicObject| {
+            let (rest, status) = slim_fingerprints(object);
+            (
+                rest,
+                status,
+                crate::hub::federation::propagation::copy_settled(interpretation, object),
+            )
+        };
         match event {
             watcher::Event::Apply(object) => {
-                let fingerprint = slim_fingerprint(object);
-                self.0.insert(key(object), fingerprint) != Some(fingerprint)
+                let now = summary(object);
+                match self.0.insert(key(object), now) {
+                    Some(before) if before == now => Seen::Nothing,
+                    Some((rest, _, false)) if rest == now.0 && !now.2 => Seen::Progress,
+                    _ => Seen::Change,
+                }
             }
             watcher::Event::InitApply(object) => {
-                self.0.insert(key(object), slim_fingerprint(object));
-                true
+                self.0.insert(key(object), summary(object));
+                Seen::Change
             }
             watcher::Event::Delete(object) => {
                 self.0.remove(&key(object));
-                true
+                Seen::Change
             }
             // A relist: what is not listed again is gone (and forgotten here).
             watcher::Event::Init => {
                 self.0.clear();
-                true
+                Seen::Change
             }
-            watcher::Event::InitDone => true,
+            watcher::Event::InitDone => Seen::Change,
         }
     }
 }
 
-/// A hash of a slim copy without its resourceVersion.
-fn slim_fingerprint(object: &DynamicObject) -> u64 {
+/// Hashes of a slim copy without its resourceVersion: of everything but its status, and
+/// of its status.
+fn slim_fingerprints(object: &DynamicObject) -> (u64, u64) {
     use std::hash::{Hash, Hasher};
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     let meta = &object.metadata;
@@ -443,8 +482,22 @@ fn slim_fingerprint(object: &DynamicObject) -> u64 {
         &meta.annotations,
     )
         .hash(&mut hasher);
-    object.data.to_string().hash(&mut hasher);
-    hasher.finish()
+    let (mut rest, mut status) = (String::new(), String::new());
+    if let Some(data) = object.data.as_object() {
+        for (field, value) in data {
+            let into = if field == "status" {
+                &mut status
+            } else {
+                &mut rest
+            };
+            into.push_str(field);
+            into.push_str(&value.to_string());
+        }
+    }
+    rest.hash(&mut hasher);
+    let mut status_hasher = std::collections::hash_map::DefaultHasher::new();
+    status.hash(&mut status_hasher);
+    (hasher.finish(), status_hasher.finish())
 }
 
 /// What a watch event of a member's copies means for the hub.
@@ -452,12 +505,14 @@ fn copy_event(
     cluster: &str,
     kind: usize,
     event: Result<watcher::Event<DynamicObject>, watcher::Error>,
+    progress: bool,
 ) -> Option<CopyEvent> {
     let changed = |object: &DynamicObject| CopyEvent::Changed {
         cluster: cluster.to_string(),
         kind,
         namespace: object.namespace().unwrap_or_default(),
         name: object.name_any(),
+        progress,
     };
     match event.ok()? {
         watcher::Event::Apply(object) | watcher::Event::Delete(object) => Some(changed(&object)),
@@ -550,37 +605,68 @@ mod tests {
             object
         };
         let mut seen = SeenCopies::default();
+        let mut changes = |event| seen.changes(&event, &interpretation);
         let first = slim(&|_| {});
-        assert!(seen.changes(&watcher::Event::Apply(first)), "new");
+        assert_eq!(changes(watcher::Event::Apply(first)), Seen::Change, "new");
         // A new resourceVersion, a condition and managed fields: nothing the hub keeps.
         let same = slim(&|o| {
             o.metadata.resource_version = Some("8".into());
             o.data["status"]["conditions"] = json!([{"type": "Progressing"}]);
         });
-        assert!(!seen.changes(&watcher::Event::Apply(same)));
+        assert_eq!(changes(watcher::Event::Apply(same)), Seen::Nothing);
+        // 1 of 3 Ready (it was 2): a rollout on its way.
+        let on_its_way = slim(&|o| o.data["status"]["readyReplicas"] = json!(1));
+        assert_eq!(
+            changes(watcher::Event::Apply(on_its_way.clone())),
+            Seen::Progress
+        );
         let ready = slim(&|o| o.data["status"]["readyReplicas"] = json!(3));
-        assert!(
-            seen.changes(&watcher::Event::Apply(ready.clone())),
-            "status read"
+        assert_eq!(
+            changes(watcher::Event::Apply(ready.clone())),
+            Seen::Change,
+            "Ready"
+        );
+        assert_eq!(
+            changes(watcher::Event::Apply(on_its_way)),
+            Seen::Change,
+            "no longer Ready"
         );
         let drifted = slim(&|o| {
-            o.data["status"]["readyReplicas"] = json!(3);
+            o.data["status"]["readyReplicas"] = json!(2);
             o.metadata.generation = Some(3);
         });
-        assert!(
-            seen.changes(&watcher::Event::Apply(drifted.clone())),
+        assert_eq!(
+            changes(watcher::Event::Apply(drifted.clone())),
+            Seen::Change,
             "generation"
         );
-        assert!(seen.changes(&watcher::Event::Delete(drifted.clone())));
-        assert!(
-            seen.changes(&watcher::Event::Apply(drifted)),
+        let rescaled = slim(&|o| {
+            o.data["status"]["readyReplicas"] = json!(2);
+            o.metadata.generation = Some(3);
+            o.data["spec"]["replicas"] = json!(2);
+        });
+        assert_eq!(
+            changes(watcher::Event::Apply(rescaled)),
+            Seen::Change,
+            "replicas, and Ready at them"
+        );
+        assert_eq!(
+            changes(watcher::Event::Delete(drifted.clone())),
+            Seen::Change
+        );
+        assert_eq!(
+            changes(watcher::Event::Apply(drifted)),
+            Seen::Change,
             "back after a delete"
         );
         // A relist forgets: whatever is listed again counts as seen anew.
-        assert!(seen.changes(&watcher::Event::Init));
-        assert!(seen.0.is_empty());
-        assert!(seen.changes(&watcher::Event::InitApply(ready.clone())));
-        assert!(!seen.changes(&watcher::Event::Apply(ready)));
+        assert_eq!(changes(watcher::Event::Init), Seen::Change);
+        assert_eq!(
+            changes(watcher::Event::InitApply(ready.clone())),
+            Seen::Change
+        );
+        assert_eq!(changes(watcher::Event::Apply(ready)), Seen::Nothing);
+        assert!(seen.0.len() == 1);
     }
 
     #[test]

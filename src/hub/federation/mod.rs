@@ -66,7 +66,7 @@ use crate::hub::federation::copy_cache::{CopyCaches, CopyEvent, Kinds};
 use crate::hub::federation::discovery::{Gvk, KindNeeds};
 use crate::metrics::Metrics;
 pub use context::ControllerMetrics;
-use context::{CallLabels, Context, RateLimit, Stores, slim_template};
+use context::{CallLabels, Context, RateLimit, Stores, is_echo, slim_template};
 use queue::WorkQueue;
 use writer::{Completed, ObjectKey, Writers};
 
@@ -74,6 +74,16 @@ pub use writer::FIELD_MANAGER;
 
 /// Templates reconciled at once.
 pub const CONCURRENCY: usize = 32;
+
+/// How long a template whose copies' rollout moved (no copy became Ready) waits before it
+/// is looked at: the status that look builds is written at most every
+/// [`status::STATUS_COALESCE`], and make-before-break waits for a Ready copy, which is
+/// looked at at once.
+pub const PROGRESS_DELAY: Duration = Duration::from_secs(5);
+
+/// How long a template whose member write finished waits for the member's watch to
+/// bring the written copy back (which looks at it at once) before it is looked at anyway.
+pub const ECHO_WAIT: Duration = Duration::from_secs(1);
 
 /// Controller settings.
 #[derive(Clone, Debug)]
@@ -272,11 +282,16 @@ async fn run_kinds(
     let (members, s) = reflect(Api::<MemberCluster>::all(hub.clone()), |_| Trigger::Nothing);
     streams.push(s);
     let binding_kinds = kinds.clone();
-    let (bindings, s) = reflect(
-        Api::<ResourceBinding>::all(hub.clone()),
-        move |event| match event {
+    let written_bindings = context::Written::default();
+    let written_templates = context::Written::default();
+    let binding_echoes = written_bindings.clone();
+    let (bindings, s) = reflect(Api::<ResourceBinding>::all(hub.clone()), move |event| {
+        // A deleted binding is always news (its last write may have been the hub's).
+        let deleted = matches!(event, watcher::Event::Delete(_));
+        match event {
             watcher::Event::Apply(b) | watcher::Event::Delete(b) | watcher::Event::InitApply(b) => {
                 match binding_template(&binding_kinds, &b) {
+                    Some(key) if !deleted && is_echo(&binding_echoes, &key, &b) => Trigger::Nothing,
                     Some(key) => Trigger::Template(key),
                     None => {
                         // A binding of a kind not federated (its policy went): the kind
@@ -289,8 +304,8 @@ async fn run_kinds(
             }
             watcher::Event::InitDone => Trigger::All,
             _ => Trigger::Nothing,
-        },
-    );
+        }
+    });
     streams.push(s);
     let mut templates = vec![];
     let bodies = context::Bodies::default();
@@ -305,6 +320,7 @@ async fn run_kinds(
             slim_template(o, &slim_resource, kind, &slim_bodies)
         });
         let trigger_bodies = bodies.clone();
+        let template_echoes = written_templates.clone();
         let mut seen: HashMap<ObjectKey, u64> = HashMap::new();
         streams.push(
             reflector(writer, slim)
@@ -314,7 +330,11 @@ async fn run_kinds(
                         let key = template_key(kind, &o);
                         let body = trigger_bodies.get(&key);
                         let fingerprint = template_fingerprint(&o, body.as_deref());
-                        if seen.insert(key.clone(), fingerprint) == Some(fingerprint) {
+                        if seen.insert(key.clone(), fingerprint) == Some(fingerprint)
+                            || is_echo(&template_echoes, &key, &o)
+                        {
+                            // Only its status changed, or it is the hub's own write (its
+                            // finalizer) coming back.
                             Trigger::Nothing
                         } else {
                             Trigger::Template(key)
@@ -350,13 +370,13 @@ async fn run_kinds(
             templates,
         },
         bodies,
-        queue: WorkQueue::default(),
+        queue: WorkQueue::rescheduled_by_work(),
         evictions: Mutex::new(RateLimit::new(options.eviction_rate)),
         generations: Mutex::default(),
         failovers: Mutex::default(),
         converging: Mutex::default(),
-        written_bindings: Mutex::default(),
-        written_templates: Mutex::default(),
+        written_bindings,
+        written_templates,
         reports: Mutex::default(),
         follow: Mutex::default(),
     });
@@ -395,12 +415,23 @@ async fn run_kinds(
                         kind,
                         namespace,
                         name,
+                        progress,
                         ..
-                    } => context.queue.add(ObjectKey {
-                        kind,
-                        namespace,
-                        name,
-                    }),
+                    } => {
+                        let key = ObjectKey {
+                            kind,
+                            namespace,
+                            name,
+                        };
+                        if progress {
+                            // A rollout on its way: its status is written at most every
+                            // STATUS_COALESCE anyway, so a look every PROGRESS_DELAY
+                            // does (and the look a Ready copy brings comes at once).
+                            context.queue.add_after(key, PROGRESS_DELAY);
+                        } else {
+                            context.queue.add(key);
+                        }
+                    }
                     CopyEvent::Relisted { .. } => queue_all(&context),
                 }
             }
@@ -411,10 +442,17 @@ async fn run_kinds(
         let context = context.clone();
         tasks.push(tokio::spawn(async move {
             while let Some(done) = completed_rx.recv().await {
-                if done.verb == "apply" && done.outcome == writer::Outcome::Done {
-                    observe_latency(&context, &done.key);
+                if done.outcome == writer::Outcome::Done {
+                    if done.verb == "apply" {
+                        observe_latency(&context, &done.key);
+                    }
+                    // The member's watch brings the written copy back, and that looks
+                    // at the template at once; this look is for a write that changed
+                    // nothing there (no watch event), so it can wait for the echo.
+                    context.queue.add_after(done.key, ECHO_WAIT);
+                } else {
+                    context.queue.add(done.key);
                 }
-                context.queue.add(done.key);
             }
         }));
     }

@@ -375,6 +375,12 @@ fn ready_at_target(interpretation: &Interpretation, copy: &DynamicObject, replic
     interpretation.condition_healthy(copy.data.get("status")) != Some(false)
 }
 
+/// Whether a (slim) copy is Ready at the replicas it holds, by its kind's health rule (a
+/// copy without a replica count holds one, as a Deployment does).
+pub fn copy_settled(interpretation: &Interpretation, copy: &DynamicObject) -> bool {
+    ready_at_target(interpretation, copy, copy_replicas(copy).unwrap_or(1))
+}
+
 fn plan_cleanup(input: &PlanInput<'_>, plan: &mut Plan) {
     for member in input.members {
         let cluster = member.cluster.to_string();

@@ -26,6 +26,8 @@ struct State<K> {
     delayed: BTreeMap<(Instant, u64), K>,
     due: HashMap<K, (Instant, u64)>,
     sequence: u64,
+    /// A key taken by a worker loses its schedule (see [`WorkQueue::rescheduled_by_work`]).
+    taking_forgets_schedule: bool,
 }
 
 impl<K: Clone + Eq + Hash> State<K> {
@@ -89,6 +91,7 @@ impl<K: Clone + Eq + Hash> Default for WorkQueue<K> {
                 delayed: BTreeMap::new(),
                 due: HashMap::new(),
                 sequence: 0,
+                taking_forgets_schedule: false,
             })),
             notify: Arc::new(Notify::new()),
         }
@@ -96,6 +99,19 @@ impl<K: Clone + Eq + Hash> Default for WorkQueue<K> {
 }
 
 impl<K: Clone + Eq + Hash> WorkQueue<K> {
+    /// A queue whose work says when a key is needed again: taking a key for work forgets
+    /// its schedule for later (the work sees everything that schedule was for, and
+    /// schedules the key again when it needs to). So a key scheduled for progress that
+    /// can wait ([`add_after`]) and worked on sooner for another reason is not worked on
+    /// a second time. kube-runtime's controller keeps one schedule per object the same way.
+    ///
+    /// [`add_after`]: WorkQueue::add_after
+    pub fn rescheduled_by_work() -> Self {
+        let queue = Self::default();
+        queue.lock().taking_forgets_schedule = true;
+        queue
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State<K>> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -144,6 +160,11 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
                 state.promote(Instant::now());
                 if let Some(key) = state.ready.pop_front() {
                     state.queued.remove(&key);
+                    if state.taking_forgets_schedule
+                        && let Some(slot) = state.due.remove(&key)
+                    {
+                        state.delayed.remove(&slot);
+                    }
                     state.active.insert(key.clone());
                     let more = !state.ready.is_empty();
                     drop(state);
@@ -266,6 +287,23 @@ mod tests {
         let shutdown = token();
         let waiting = tokio::time::timeout(Duration::from_secs(5), queue.next(&shutdown)).await;
         assert!(waiting.is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_taken_early_loses_its_schedule_when_work_reschedules() {
+        let shutdown = token();
+        for (queue, comes_again) in [
+            (WorkQueue::rescheduled_by_work(), false),
+            (WorkQueue::default(), true),
+        ] {
+            queue.add_after("a", Duration::from_secs(5));
+            queue.add("a");
+            assert_eq!(queue.next(&shutdown).await, Some("a"));
+            queue.done(&"a");
+            let again = tokio::time::timeout(Duration::from_secs(10), queue.next(&shutdown)).await;
+            assert_eq!(again.ok().flatten().is_some(), comes_again);
+            assert_eq!(queue.delayed(), 0);
+        }
     }
 
     #[tokio::test]

@@ -39,7 +39,8 @@ use crate::hub::federation::queue::WorkQueue;
 pub const FIELD_MANAGER: &str = "bulkhead-hub";
 
 /// Copies a member writer writes at once (the member's bulk client allows as many
-/// requests in flight).
+/// requests in flight). Fewer was measured: 8 made a burst's copies queue in the hub
+/// (per-copy p99 3.8 s -> 8.6 s on the lab) and did not lower the hub's memory.
 pub const WORKERS_PER_MEMBER: usize = crate::hub::membership::members::MAX_REQUESTS_IN_FLIGHT;
 
 /// How long a list of a namespace's objects of one kind answers conflict checks.
