@@ -56,6 +56,16 @@ pub struct LabNetwork {
     pub address_octet: u8,
 }
 
+/// `$BULKHEAD_LAB_MEMBER_API_QPS`: the members' kube-controller-manager request rate
+/// (`--kube-api-qps`, burst twice that). Unset: the upstream default (20, burst 30),
+/// which is what makes 3,000 pods take minutes to become Ready in the burst benchmark.
+fn member_api_qps() -> Option<u32> {
+    std::env::var("BULKHEAD_LAB_MEMBER_API_QPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|qps| *qps > 0)
+}
+
 /// The network of this process's lab: `$BULKHEAD_LAB_PORT_BASE` (default 16400) and
 /// `$BULKHEAD_LAB_ADDRESS_OCTET` (default 1).
 pub fn network() -> LabNetwork {
@@ -738,6 +748,9 @@ impl Lab {
         if info.role == Role::Hub {
             // Templates on the hub are stored, never executed.
             args.push("--controllers=namespace,garbagecollector".into());
+        } else if let Some(qps) = member_api_qps() {
+            args.push(format!("--kube-api-qps={qps}"));
+            args.push(format!("--kube-api-burst={}", 2 * qps));
         }
         args
     }
