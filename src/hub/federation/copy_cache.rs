@@ -86,12 +86,29 @@ pub enum CopyEvent {
         kind: usize,
         namespace: String,
         name: String,
-        /// Only the status of a copy still on its way to Ready moved (see [`Seen`]).
-        progress: bool,
+        /// How soon its template needs a look.
+        look: Look,
     },
     /// A member's copies were (re)listed, or the member is no longer watched: anything of
     /// its copies may have changed.
     Relisted { cluster: String },
+}
+
+/// How soon a copy's change needs its template looked at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Look {
+    /// At once: the copy became Ready or stopped being Ready, was deleted, or changed in
+    /// a way the hub did not write.
+    Now,
+    /// Soon: only the status of a copy still on its way to Ready moved. Nothing but the
+    /// status's next write (at most every 30 s while on its way) waits for it.
+    Later,
+    /// Soon if the copy is, by UID and generation, what the hub itself last applied there
+    /// (the echo of its own write, still on its way to Ready); at once otherwise.
+    LaterIfWritten {
+        uid: Option<String>,
+        generation: Option<i64>,
+    },
 }
 
 /// Every member's copies. Cheap to clone.
@@ -303,7 +320,7 @@ fn start_watches(client: &Client, kinds: &Kinds, cluster: &str) -> (ClusterCopie
                 if seen == Seen::Nothing {
                     return None;
                 }
-                copy_event(&cluster, kind, event, seen == Seen::Progress)
+                copy_event(&cluster, kind, event, seen)
             })
             .boxed(),
         );
@@ -419,8 +436,11 @@ enum Seen {
     /// Only the copy's status moved, and the copy is not Ready by its kind's rule, nor
     /// was it: a rollout on its way. Nothing waits for this but the status's next write.
     Progress,
-    /// Anything else: a new, changed or deleted copy, a status that became Ready or
-    /// stopped being Ready, a relist.
+    /// The copy is new or changed, and is as Ready as it was (a new copy: not Ready).
+    /// When it is what the hub itself just applied, this is a rollout on its way too.
+    Changed,
+    /// Anything else: a copy that became Ready or stopped being Ready, a deleted copy,
+    /// a relist.
     Change,
 }
 
@@ -447,6 +467,8 @@ impl SeenCopies {
                 match self.0.insert(key(object), now) {
                     Some(before) if before == now => Seen::Nothing,
                     Some((rest, _, false)) if rest == now.0 && !now.2 => Seen::Progress,
+                    Some((_, _, ready)) if ready == now.2 => Seen::Changed,
+                    None if !now.2 => Seen::Changed,
                     _ => Seen::Change,
                 }
             }
@@ -505,17 +527,28 @@ fn copy_event(
     cluster: &str,
     kind: usize,
     event: Result<watcher::Event<DynamicObject>, watcher::Error>,
-    progress: bool,
+    seen: Seen,
 ) -> Option<CopyEvent> {
-    let changed = |object: &DynamicObject| CopyEvent::Changed {
+    let changed = |object: &DynamicObject, look: Look| CopyEvent::Changed {
         cluster: cluster.to_string(),
         kind,
         namespace: object.namespace().unwrap_or_default(),
         name: object.name_any(),
-        progress,
+        look,
     };
     match event.ok()? {
-        watcher::Event::Apply(object) | watcher::Event::Delete(object) => Some(changed(&object)),
+        watcher::Event::Apply(object) => {
+            let look = match seen {
+                Seen::Progress => Look::Later,
+                Seen::Changed => Look::LaterIfWritten {
+                    uid: object.metadata.uid.clone(),
+                    generation: object.metadata.generation,
+                },
+                Seen::Nothing | Seen::Change => Look::Now,
+            };
+            Some(changed(&object, look))
+        }
+        watcher::Event::Delete(object) => Some(changed(&object, Look::Now)),
         watcher::Event::InitDone => Some(CopyEvent::Relisted {
             cluster: cluster.to_string(),
         }),
@@ -607,7 +640,11 @@ mod tests {
         let mut seen = SeenCopies::default();
         let mut changes = |event| seen.changes(&event, &interpretation);
         let first = slim(&|_| {});
-        assert_eq!(changes(watcher::Event::Apply(first)), Seen::Change, "new");
+        assert_eq!(
+            changes(watcher::Event::Apply(first)),
+            Seen::Changed,
+            "new, on its way"
+        );
         // A new resourceVersion, a condition and managed fields: nothing the hub keeps.
         let same = slim(&|o| {
             o.metadata.resource_version = Some("8".into());
@@ -637,7 +674,7 @@ mod tests {
         });
         assert_eq!(
             changes(watcher::Event::Apply(drifted.clone())),
-            Seen::Change,
+            Seen::Changed,
             "generation"
         );
         let rescaled = slim(&|o| {
@@ -655,10 +692,15 @@ mod tests {
             Seen::Change
         );
         assert_eq!(
-            changes(watcher::Event::Apply(drifted)),
-            Seen::Change,
+            changes(watcher::Event::Apply(drifted.clone())),
+            Seen::Changed,
             "back after a delete"
         );
+        // A new copy that is Ready at once (a kind that reports no readiness, say).
+        let mut already = drifted.clone();
+        already.metadata.name = Some("other".into());
+        already.data["status"]["readyReplicas"] = json!(3);
+        assert_eq!(changes(watcher::Event::Apply(already)), Seen::Change);
         // A relist forgets: whatever is listed again counts as seen anew.
         assert_eq!(changes(watcher::Event::Init), Seen::Change);
         assert_eq!(
@@ -667,6 +709,34 @@ mod tests {
         );
         assert_eq!(changes(watcher::Event::Apply(ready)), Seen::Nothing);
         assert!(seen.0.len() == 1);
+    }
+
+    #[test]
+    fn a_copys_change_says_how_soon_its_template_needs_a_look() {
+        let object = copy();
+        let look = |event, seen| match copy_event("east", 0, Ok(event), seen) {
+            Some(CopyEvent::Changed { look, .. }) => look,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            look(watcher::Event::Apply(object.clone()), Seen::Progress),
+            Look::Later
+        );
+        assert_eq!(
+            look(watcher::Event::Apply(object.clone()), Seen::Changed),
+            Look::LaterIfWritten {
+                uid: Some("u".into()),
+                generation: Some(2)
+            }
+        );
+        assert_eq!(
+            look(watcher::Event::Apply(object.clone()), Seen::Change),
+            Look::Now
+        );
+        assert_eq!(
+            look(watcher::Event::Delete(object), Seen::Change),
+            Look::Now
+        );
     }
 
     #[test]

@@ -62,7 +62,7 @@ use crate::api::{
     PropagationPolicy, ResourceBinding,
 };
 use crate::hub::HubState;
-use crate::hub::federation::copy_cache::{CopyCaches, CopyEvent, Kinds};
+use crate::hub::federation::copy_cache::{CopyCaches, CopyEvent, Kinds, Look};
 use crate::hub::federation::discovery::{Gvk, KindNeeds};
 use crate::metrics::Metrics;
 pub use context::ControllerMetrics;
@@ -75,15 +75,13 @@ pub use writer::FIELD_MANAGER;
 /// Templates reconciled at once.
 pub const CONCURRENCY: usize = 32;
 
-/// How long a template whose copies' rollout moved (no copy became Ready) waits before it
-/// is looked at: the status that look builds is written at most every
-/// [`status::STATUS_COALESCE`], and make-before-break waits for a Ready copy, which is
-/// looked at at once.
+/// How long a template waits for a look after a member write finished, or after its
+/// copies' rollout moved with no copy becoming Ready (or stopping being Ready): the
+/// status that look builds is written at most every [`status::STATUS_COALESCE`] while on
+/// its way, and what make-before-break and a converged status wait for (a Ready copy)
+/// is looked at at once. A burst's template is so looked at a few times, not once per
+/// copy per status update.
 pub const PROGRESS_DELAY: Duration = Duration::from_secs(5);
-
-/// How long a template whose member write finished waits for the member's watch to
-/// bring the written copy back (which looks at it at once) before it is looked at anyway.
-pub const ECHO_WAIT: Duration = Duration::from_secs(1);
 
 /// Controller settings.
 #[derive(Clone, Debug)]
@@ -412,18 +410,27 @@ async fn run_kinds(
             while let Some(event) = copy_events_rx.recv().await {
                 match event {
                     CopyEvent::Changed {
+                        cluster,
                         kind,
                         namespace,
                         name,
-                        progress,
-                        ..
+                        look,
                     } => {
                         let key = ObjectKey {
                             kind,
                             namespace,
                             name,
                         };
-                        if progress {
+                        let later = match look {
+                            Look::Now => false,
+                            Look::Later => true,
+                            Look::LaterIfWritten { uid, generation } => {
+                                context
+                                    .writers
+                                    .wrote(&cluster, &key, uid.as_deref(), generation)
+                            }
+                        };
+                        if later {
                             // A rollout on its way: its status is written at most every
                             // STATUS_COALESCE anyway, so a look every PROGRESS_DELAY
                             // does (and the look a Ready copy brings comes at once).
@@ -446,10 +453,10 @@ async fn run_kinds(
                     if done.verb == "apply" {
                         observe_latency(&context, &done.key);
                     }
-                    // The member's watch brings the written copy back, and that looks
-                    // at the template at once; this look is for a write that changed
-                    // nothing there (no watch event), so it can wait for the echo.
-                    context.queue.add_after(done.key, ECHO_WAIT);
+                    // What the write did comes back through the member's watch (at
+                    // once when it matters: a copy Ready, deleted, or not as written);
+                    // this look is for a write that changed nothing there.
+                    context.queue.add_after(done.key, PROGRESS_DELAY);
                 } else {
                     context.queue.add(done.key);
                 }

@@ -440,6 +440,28 @@ impl Writers {
             })
     }
 
+    /// Whether the copy of `key` in `cluster` with this UID and generation is what the
+    /// hub's last apply there returned, with nothing more to write.
+    pub fn wrote(
+        &self,
+        cluster: &str,
+        key: &ObjectKey,
+        uid: Option<&str>,
+        generation: Option<i64>,
+    ) -> bool {
+        let Some(writer) = self.existing(cluster) else {
+            return false;
+        };
+        let records = writer.records();
+        records.get(key).is_some_and(|r| {
+            r.op.is_none()
+                && r.outcome == Some(Outcome::Done)
+                && r.applied.as_ref().is_some_and(|(written, at)| {
+                    written.is_some() && written.as_deref() == uid && Some(*at) == generation
+                })
+        })
+    }
+
     /// Copies waiting, being written or scheduled for a retry, over every member.
     pub fn pending(&self) -> usize {
         all_writers(&self.inner)
@@ -1010,15 +1032,32 @@ mod tests {
             request.uri().path(),
             "/api/v1/namespaces/shop/configmaps/settings"
         );
-        respond(reply, 200, config_map("12"));
+        assert!(
+            !writers.wrote("east", &key(), Some("u1"), Some(1)),
+            "not yet"
+        );
+        let mut written = config_map("12");
+        written["metadata"]["generation"] = json!(1);
+        respond(reply, 200, written);
         let done = completed.recv().await.unwrap();
         assert_eq!(
             (done.cluster.as_str(), done.outcome),
             ("east", Outcome::Done)
         );
-        // What the member returned answers for the copy until the watch catches up.
+        // What the member returned answers for the copy until the watch catches up, and
+        // its echo is known as the hub's own write.
         let fresh = writers.fresh("east", &key(), None).unwrap();
         assert_eq!(fresh.metadata.resource_version.as_deref(), Some("12"));
+        assert!(writers.wrote("east", &key(), Some("u1"), Some(1)));
+        assert!(
+            !writers.wrote("east", &key(), Some("u1"), Some(2)),
+            "changed since"
+        );
+        assert!(
+            !writers.wrote("east", &key(), Some("u2"), Some(1)),
+            "another copy"
+        );
+        assert!(!writers.wrote("west", &key(), Some("u1"), Some(1)));
         // The same op again is not written again (it is done, and recent).
         assert!(!writers.want("east", &key(), apply(true), REWRITE));
         assert_eq!(writers.pending(), 0);
