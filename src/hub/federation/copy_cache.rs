@@ -97,14 +97,16 @@ pub enum CopyEvent {
 /// How soon a copy's change needs its template looked at.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Look {
-    /// At once: the copy became Ready or stopped being Ready, was deleted, or changed in
-    /// a way the hub did not write.
+    /// At once: the copy became Ready or stopped being Ready, was deleted, or is not what
+    /// the hub last applied (another UID or a later generation: someone changed its spec).
     Now,
     /// Soon: only the status of a copy still on its way to Ready moved. Nothing but the
     /// status's next write (at most every 30 s while on its way) waits for it.
     Later,
     /// Soon if the copy is, by UID and generation, what the hub itself last applied there
-    /// (the echo of its own write, still on its way to Ready); at once otherwise.
+    /// (the echo of its own write, as Ready as before); at once otherwise. A change of
+    /// only its labels or annotations by someone else keeps the generation, so it is
+    /// looked at soon too, and repaired then.
     LaterIfWritten {
         uid: Option<String>,
         generation: Option<i64>,
