@@ -277,8 +277,6 @@ fn caught_up(seen: &kube::api::ObjectMeta, written: &kube::api::ObjectMeta) -> b
     }
 }
 
-/// The fresher of a store's object and a write's response; forgets the response once
-/// the store has caught up.
 /// What the hub API server returned to the hub's last write of an object, by template,
 /// until the object's store has caught up with it. Shared with the watch that triggers
 /// work, which knows the hub's own writes by it (see [`is_echo`]).
@@ -296,6 +294,8 @@ pub fn is_echo<K: Resource>(memo: &Written<K>, key: &ObjectKey, seen: &K) -> boo
     })
 }
 
+/// The fresher of a store's object and a write's response; forgets the response once
+/// the store has caught up.
 fn fresher<K: Resource>(
     memo: &Mutex<HashMap<ObjectKey, Arc<K>>>,
     key: &ObjectKey,
@@ -511,8 +511,9 @@ impl Context {
             .defer(Instant::now(), coalesce)
     }
 
-    /// A status of `key` was written, or found as wanted: nothing waits now (how often it
-    /// was written on its way is kept until it converges).
+    /// A status of `key` on its way was written: the next change waits longer (kept
+    /// until it converges). A write that failed calls nothing, so it is tried again at
+    /// once, without waiting anew.
     pub fn status_written(&self, key: &str) {
         if let Some(entry) = self
             .converging
@@ -520,7 +521,19 @@ impl Context {
             .unwrap_or_else(|p| p.into_inner())
             .get_mut(key)
         {
-            entry.since = None;
+            entry.written(true);
+        }
+    }
+
+    /// The status of `key` is found as wanted (nothing to write): nothing waits now.
+    pub fn status_unchanged(&self, key: &str) {
+        if let Some(entry) = self
+            .converging
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(key)
+        {
+            entry.written(false);
         }
     }
 
@@ -668,17 +681,19 @@ pub struct Converging {
 }
 
 impl Converging {
-    /// How much longer a change seen at `now` waits (None: write it now, which counts).
+    /// How much longer a change seen at `now` waits (None: write it now).
     fn defer(&mut self, now: Instant, coalesce: Duration) -> Option<Duration> {
         let since = *self.since.get_or_insert(now);
         let wait = coalesce.saturating_mul(1 << self.written.min(2));
         let waited = now.saturating_duration_since(since);
-        if waited >= wait {
-            self.since = None;
+        wait.checked_sub(waited).filter(|left| !left.is_zero())
+    }
+
+    /// Nothing waits any more: it was written (which counts), or needs no write.
+    fn written(&mut self, counts: bool) {
+        self.since = None;
+        if counts {
             self.written = self.written.saturating_add(1);
-            None
-        } else {
-            Some(wait - waited)
         }
     }
 }
@@ -718,17 +733,29 @@ mod tests {
             Some(Duration::from_secs(20))
         );
         assert_eq!(converging.defer(at(30), coalesce), None);
+        // The write failed: it is due still, and tried again at once.
+        assert_eq!(converging.defer(at(32), coalesce), None);
+        converging.written(true);
         // The next waits 60 s from the first change after that write.
         assert_eq!(
             converging.defer(at(35), coalesce),
             Some(Duration::from_secs(60))
         );
         assert_eq!(converging.defer(at(95), coalesce), None);
+        converging.written(true);
         // Then 120 s, and no longer.
         for written in [100, 220, 340] {
             assert!(converging.defer(at(written), coalesce).is_some());
             assert_eq!(converging.defer(at(written + 120), coalesce), None);
+            converging.written(true);
         }
+        // A change that turned out to need no write waits anew, as long as before.
+        assert!(converging.defer(at(500), coalesce).is_some());
+        converging.written(false);
+        assert_eq!(
+            converging.defer(at(510), coalesce),
+            Some(Duration::from_secs(120))
+        );
     }
 
     fn meta(uid: &str, version: &str) -> kube::api::ObjectMeta {

@@ -838,7 +838,7 @@ async fn write_binding_when_due(
             || propagation_conditions(Some(b)) != built.conditions
     });
     if !changed {
-        context.status_written(&status_key);
+        context.status_unchanged(&status_key);
         return None;
     }
     let was_waiting = propagation_conditions(existing)
