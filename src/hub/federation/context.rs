@@ -511,29 +511,17 @@ impl Context {
             .defer(Instant::now(), coalesce)
     }
 
-    /// A status of `key` on its way was written: the next change waits longer (kept
-    /// until it converges). A write that failed calls nothing, so it is tried again at
-    /// once, without waiting anew.
-    pub fn status_written(&self, key: &str) {
+    /// Nothing of `key`'s status waits now: it was written (`wrote`: the next change
+    /// on its way waits longer, kept until it converges) or found as wanted. A write
+    /// that failed calls nothing, so it is tried again at once, without waiting anew.
+    pub fn status_settled(&self, key: &str, wrote: bool) {
         if let Some(entry) = self
             .converging
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get_mut(key)
         {
-            entry.written(true);
-        }
-    }
-
-    /// The status of `key` is found as wanted (nothing to write): nothing waits now.
-    pub fn status_unchanged(&self, key: &str) {
-        if let Some(entry) = self
-            .converging
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get_mut(key)
-        {
-            entry.written(false);
+            entry.written(wrote);
         }
     }
 

@@ -838,7 +838,7 @@ async fn write_binding_when_due(
             || propagation_conditions(Some(b)) != built.conditions
     });
     if !changed {
-        context.status_unchanged(&status_key);
+        context.status_settled(&status_key, false);
         return None;
     }
     let was_waiting = propagation_conditions(existing)
@@ -852,7 +852,7 @@ async fn write_binding_when_due(
     }
     // A new template's first binding is its decision (counted as `binding`).
     if write_binding(context, key, desired, existing, built, existing.is_none()).await {
-        context.status_written(&status_key);
+        context.status_settled(&status_key, true);
         None
     } else {
         Some(RETRY)

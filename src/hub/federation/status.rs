@@ -234,7 +234,7 @@ pub(super) async fn write_template_status(
     };
     let status_key = template_status_key(key);
     if crate::hub::federation::copies::already_matches(&status, previous) {
-        context.status_unchanged(&status_key);
+        context.status_settled(&status_key, false);
         return None;
     }
     if let Some(wait) = context.defer_status(&status_key, converged, STATUS_COALESCE) {
@@ -251,7 +251,7 @@ pub(super) async fn write_template_status(
     {
         Ok(written) => {
             context.count_write("template_status");
-            context.status_written(&status_key);
+            context.status_settled(&status_key, true);
             context.remember_template(key, written);
             None
         }
