@@ -14,7 +14,9 @@ use bulkhead::api::propagation_policy::{
     SpreadByField, SpreadConstraint, StaticClusterWeight, WeightPreference,
 };
 use bulkhead::api::resource_binding::TargetCluster;
-use bulkhead::hub::federation::placement::{ClusterView, PlacementRequest, decide, place};
+use bulkhead::hub::federation::placement::{
+    ClusterView, PlacementRequest, StaticWeights, decide, place,
+};
 use criterion::measurement::{Measurement, ValueFormatter, WallTime};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -178,6 +180,7 @@ fn bench_place<M: Measurement>(c: &mut Criterion<M>, group_name: &str) {
             clusters: &clusters,
             current: &current,
             now: jiff::Timestamp::UNIX_EPOCH,
+            static_weights: None,
         };
         let result = place(&request);
         assert_eq!(result.scheduled, Ok(()), "{name}");
@@ -195,6 +198,29 @@ fn bench_place<M: Measurement>(c: &mut Criterion<M>, group_name: &str) {
         group.bench_function(format!("{name}/place"), |b| {
             b.iter(|| place(black_box(&request)))
         });
+        // As the hub decides: the staticWeightList resolved once per policy and member
+        // registry snapshot (`StaticWeights::resolve`, measured on its own), not per
+        // template.
+        let list = &placement
+            .replica_scheduling
+            .as_ref()
+            .and_then(|s| s.weight_preference.as_ref())
+            .expect("a weighted placement")
+            .static_weight_list;
+        if !list.is_empty() {
+            let resolved = StaticWeights::resolve(list, &clusters);
+            let hub_request = PlacementRequest {
+                static_weights: Some(&resolved),
+                ..request
+            };
+            assert_eq!(place(&hub_request), result, "{name}: resolved weights");
+            group.bench_function(format!("{name}/decide-resolved"), |b| {
+                b.iter(|| decide(black_box(&hub_request)))
+            });
+            group.bench_function(format!("{name}/resolve"), |b| {
+                b.iter(|| StaticWeights::resolve(black_box(list), black_box(&clusters)))
+            });
+        }
     }
     group.finish();
 }

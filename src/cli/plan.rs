@@ -392,6 +392,7 @@ fn plan_one(
         ),
         current: &[],
         now,
+        static_weights: None,
     };
     let result = place(&request);
     let tie = uid_tie(&request).map(|tie| tie_outcomes(&tie, SHOWN_OUTCOMES));

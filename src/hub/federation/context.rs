@@ -15,6 +15,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 
+use crate::api::propagation_policy::StaticClusterWeight;
 use crate::api::{
     ClusterOverridePolicy, ClusterPropagationPolicy, MemberCluster, OverridePolicy,
     PropagationPolicy, ResourceBinding,
@@ -24,9 +25,10 @@ use crate::hub::federation::copy_cache::{CopyCaches, Kinds};
 use crate::hub::federation::interpreter::Interpretation;
 use crate::hub::federation::kinds::{hub_cluster_view, is_refused_duplicate};
 use crate::hub::federation::matching::{PolicyCandidate, PolicyScope};
-use crate::hub::federation::placement::ClusterView;
+use crate::hub::federation::placement::{ClusterView, StaticWeights};
 use crate::hub::federation::queue::WorkQueue;
 use crate::hub::federation::writer::{ObjectKey, Writers};
+use crate::hub::membership::zones::HubHealth;
 use crate::metrics::Metrics;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -259,6 +261,81 @@ pub(super) struct Context {
     pub reports: Mutex<Reports>,
     /// Dependencies following their workloads (`propagateDeps`).
     pub follow: Mutex<crate::hub::federation::follow::Follow>,
+    /// What placement knew of the members when last asked ([`Context::views`]).
+    pub views: Mutex<Option<ViewsBuilt>>,
+}
+
+/// What placement knows of every member, sorted by name, with each staticWeightList it
+/// was asked for resolved against them. Built again only when a MemberCluster or the
+/// hub's health changed, so reconciles share it instead of each building 100 views.
+#[derive(Debug)]
+pub struct ClusterSet {
+    pub views: Vec<ClusterView>,
+    /// By the address and length of the list asked for; the list is kept to check that
+    /// the one at that address now is still the same (a freed list's address may be
+    /// reused). Bounded: cleared when it holds [`MAX_RESOLVED_LISTS`].
+    resolved: Mutex<HashMap<(usize, usize), Resolved>>,
+}
+
+/// A staticWeightList and its weights against a [`ClusterSet`].
+type Resolved = (Vec<StaticClusterWeight>, Arc<StaticWeights>);
+
+/// More distinct staticWeightLists than policies hold in practice; the cache of a
+/// [`ClusterSet`] starts over beyond it.
+const MAX_RESOLVED_LISTS: usize = 1024;
+
+impl ClusterSet {
+    pub fn new(views: Vec<ClusterView>) -> Self {
+        ClusterSet {
+            views,
+            resolved: Mutex::default(),
+        }
+    }
+
+    /// `list` resolved against these clusters (kept for the next template of the same
+    /// policy); None without a list.
+    pub fn static_weights(&self, list: &[StaticClusterWeight]) -> Option<Arc<StaticWeights>> {
+        if list.is_empty() {
+            return None;
+        }
+        let key = (list.as_ptr() as usize, list.len());
+        let mut resolved = self.resolved.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((kept, weights)) = resolved.get(&key)
+            && kept.as_slice() == list
+        {
+            return Some(weights.clone());
+        }
+        if resolved.len() >= MAX_RESOLVED_LISTS {
+            resolved.clear();
+        }
+        let weights = Arc::new(StaticWeights::resolve(list, &self.views));
+        resolved.insert(key, (list.to_vec(), weights.clone()));
+        Some(weights)
+    }
+}
+
+/// The last [`ClusterSet`] and what it was built from (each MemberCluster and the health
+/// by its `Arc`: the stores replace an object's `Arc` when it changes, and holding it
+/// keeps its address from being reused).
+#[derive(Debug)]
+pub struct ViewsBuilt {
+    members: Vec<Arc<MemberCluster>>,
+    health: Arc<HubHealth>,
+    set: Arc<ClusterSet>,
+}
+
+impl ViewsBuilt {
+    /// Whether it was built from exactly these objects (the same `Arc`s in the same
+    /// order; a store that changed one holds a new `Arc` for it).
+    fn is_from(&self, members: &[Arc<MemberCluster>], health: &Arc<HubHealth>) -> bool {
+        Arc::ptr_eq(&self.health, health)
+            && self.members.len() == members.len()
+            && self
+                .members
+                .iter()
+                .zip(members)
+                .all(|(a, b)| Arc::ptr_eq(a, b))
+    }
 }
 
 /// Whether `seen` (from a watch) is at least as new as `written` (a write's response).
@@ -479,19 +556,30 @@ impl Context {
         )
     }
 
-    /// What placement knows of every member, sorted by name.
-    pub fn views(&self) -> Vec<ClusterView> {
+    /// What placement knows of every member, sorted by name: built again only when a
+    /// MemberCluster or the hub's health changed since the last call.
+    pub fn views(&self) -> Arc<ClusterSet> {
         let health = self.state.hub_health.load_full();
-        let mut views: Vec<ClusterView> = self
-            .stores
-            .members
-            .state()
+        let members = self.stores.members.state();
+        let mut built = self.views.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(last) = built.as_ref()
+            && last.is_from(&members, &health)
+        {
+            return last.set.clone();
+        }
+        let mut views: Vec<ClusterView> = members
             .iter()
             .filter(|m| !is_refused_duplicate(m))
             .map(|m| hub_cluster_view(m, &health))
             .collect();
         views.sort_by(|a, b| a.name.cmp(&b.name));
-        views
+        let set = Arc::new(ClusterSet::new(views));
+        *built = Some(ViewsBuilt {
+            members,
+            health,
+            set: set.clone(),
+        });
+        set
     }
 
     /// Whether a status change for `key` should wait: it is still converging and has not
@@ -704,6 +792,80 @@ pub(super) fn template_status_key(key: &ObjectKey) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn member(name: &str, zone: &str) -> Arc<MemberCluster> {
+        Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "federation.example.com/v1alpha1",
+                "kind": "MemberCluster",
+                "metadata": {"name": name},
+                "spec": {"secretRef": {"namespace": "bulkhead-system", "name": name}, "zone": zone},
+            }))
+            .expect("a MemberCluster"),
+        )
+    }
+
+    fn weight_by_zone(zone: &str, weight: i64) -> StaticClusterWeight {
+        StaticClusterWeight {
+            target_cluster: crate::api::propagation_policy::ClusterTarget {
+                zones: vec![zone.to_string()],
+                ..Default::default()
+            },
+            weight,
+        }
+    }
+
+    #[test]
+    fn views_are_built_again_only_when_a_member_or_the_health_changed() {
+        let east = member("east", "zone-a");
+        let west = member("west", "zone-b");
+        let health = Arc::new(HubHealth::default());
+        let built = ViewsBuilt {
+            members: vec![east.clone(), west.clone()],
+            health: health.clone(),
+            set: Arc::new(ClusterSet::new(vec![])),
+        };
+        assert!(built.is_from(&[east.clone(), west.clone()], &health));
+        // The same content in a new object (what a store holds after an update).
+        let west_updated = member("west", "zone-b");
+        assert!(!built.is_from(&[east.clone(), west_updated], &health));
+        assert!(!built.is_from(std::slice::from_ref(&east), &health));
+        assert!(!built.is_from(
+            &[east.clone(), west.clone(), member("north", "zone-c")],
+            &health
+        ));
+        assert!(!built.is_from(&[east, west], &Arc::new(HubHealth::default())));
+    }
+
+    #[test]
+    fn a_weight_list_is_resolved_once_per_cluster_set_and_again_when_it_changed() {
+        let views = vec![
+            ClusterView {
+                name: "east".into(),
+                zone: "zone-a".into(),
+                ..ClusterView::default()
+            },
+            ClusterView {
+                name: "west".into(),
+                zone: "zone-b".into(),
+                ..ClusterView::default()
+            },
+        ];
+        let set = ClusterSet::new(views.clone());
+        assert!(set.static_weights(&[]).is_none());
+        let mut list = vec![weight_by_zone("zone-a", 3), weight_by_zone("zone-b", 1)];
+        let first = set.static_weights(&list).expect("resolved");
+        assert_eq!(*first, StaticWeights::resolve(&list, &views));
+        assert!(Arc::ptr_eq(&first, &set.static_weights(&list).unwrap()));
+        // An equal list elsewhere (another policy) gets the same weights.
+        let copy = list.clone();
+        assert_eq!(*set.static_weights(&copy).unwrap(), *first);
+        // The same list edited in place (same address and length): resolved again.
+        list[1].weight = 5;
+        let edited = set.static_weights(&list).unwrap();
+        assert_ne!(*edited, *first);
+        assert_eq!(*edited, StaticWeights::resolve(&list, &views));
+    }
 
     #[test]
     fn a_status_on_its_way_is_written_less_often_the_longer_it_takes() {

@@ -375,6 +375,7 @@ async fn run_kinds(
         converging: Mutex::default(),
         written_bindings,
         written_templates,
+        views: Mutex::default(),
         reports: Mutex::default(),
         follow: Mutex::default(),
     });
@@ -625,7 +626,7 @@ async fn watch_views(context: Arc<Context>, shutdown: CancellationToken) {
     // only while some policy divides by it (placement::capacity::uses_capacity).
     let observed = || {
         let (policies, cluster_policies) = context.policies();
-        let mut views = context.views();
+        let mut views = context.views().views.clone();
         if !policies
             .iter()
             .any(|p| placement::capacity::uses_capacity(&p.spec.placement))
@@ -724,7 +725,7 @@ async fn report_progress(
         let ready = context.stores.ready();
         drained_once |= ready && context.queue.len() + context.queue.active() == 0;
         let synced = drained_once
-            && context.views().iter().filter(|v| v.ready).all(|v| {
+            && context.views().views.iter().filter(|v| v.ready).all(|v| {
                 context
                     .caches
                     .member(&v.name)

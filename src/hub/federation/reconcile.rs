@@ -24,7 +24,7 @@ use crate::error::{ApiErrorKind, classify};
 use crate::hub::federation::aggregate::WAITING_FOR_PARTITION;
 use crate::hub::federation::context::full_template;
 use crate::hub::federation::context::{
-    ClusterLabel, Context, TemplateReport, binding_status_key, candidates,
+    ClusterLabel, ClusterSet, Context, TemplateReport, binding_status_key, candidates,
 };
 use crate::hub::federation::copies::binding_label;
 use crate::hub::federation::follow;
@@ -65,7 +65,8 @@ pub(super) async fn reconcile(context: &Arc<Context>, key: &ObjectKey) -> Option
     let (resource, _) = context.kinds.get(key.kind).cloned()?;
     let template = context.template(key);
     let binding = context.binding(key, &binding_name(&key.name, &resource.kind));
-    let views = context.views();
+    let clusters = context.views();
+    let views = &clusters.views[..];
     let now = jiff::Timestamp::now();
     let binding_deleting = binding
         .as_ref()
@@ -92,14 +93,14 @@ pub(super) async fn reconcile(context: &Arc<Context>, key: &ObjectKey) -> Option
                 None
             }
             Some(binding) if binding_deleting => {
-                cleanup_after_template(context, key, &resource, &binding, &views, now).await
+                cleanup_after_template(context, key, &resource, &binding, views, now).await
             }
             // Its owner is gone: the garbage collector deletes it (or it was orphaned
             // on purpose, and then it stays, copies included).
             Some(_) => None,
         },
         Some(template) if template.metadata.deletion_timestamp.is_some() => {
-            delete_template(context, key, &resource, &template, binding, &views, now).await
+            delete_template(context, key, &resource, &template, binding, views, now).await
         }
         Some(template) => {
             if let Some(binding) = binding.as_ref().filter(|_| binding_deleting) {
@@ -108,7 +109,7 @@ pub(super) async fn reconcile(context: &Arc<Context>, key: &ObjectKey) -> Option
                 release_binding(context, binding).await;
                 return Some(Duration::from_millis(200));
             }
-            place_template(context, key, &resource, &template, binding, &views, now).await
+            place_template(context, key, &resource, &template, binding, &clusters, now).await
         }
     }
 }
@@ -398,9 +399,10 @@ async fn place_template(
     resource: &ApiResource,
     template: &DynamicObject,
     binding: Option<Arc<ResourceBinding>>,
-    views: &[ClusterView],
+    clusters: &ClusterSet,
     now: jiff::Timestamp,
 ) -> Option<Duration> {
+    let views = &clusters.views[..];
     note_generation(context, template);
     let frozen = context.state.hub_health.load().frozen;
     let (policies, cluster_policies) = context.policies();
@@ -431,6 +433,7 @@ async fn place_template(
         &interpretation,
         &candidates,
         views,
+        &|list| clusters.static_weights(list),
         existing,
         frozen,
         now,
@@ -738,6 +741,7 @@ fn following(
         &context.interpretation(key),
         &[candidate],
         views,
+        &|_| None,
         existing,
         frozen,
         now,

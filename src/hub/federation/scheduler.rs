@@ -8,11 +8,13 @@
 //! `interpreter`); namespaces `bulkhead-system` and `kube-*` are never templates (they hold the members' credentials
 //! and the system), whatever a policy selects.
 
+use std::sync::Arc;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
 use kube::api::{ApiResource, DynamicObject};
 
-use crate::api::propagation_policy::{ConflictResolution, Placement};
+use crate::api::propagation_policy::{ConflictResolution, Placement, StaticClusterWeight};
 use crate::api::resource_binding::{
     ObjectReference, ResourceBindingSpec, ResourceBindingStatus, TargetCluster,
 };
@@ -22,7 +24,9 @@ use crate::api::{
 use crate::hub::federation::interpreter::Interpretation;
 use crate::hub::federation::kinds::{marks_fenced, placement_tolerations};
 use crate::hub::federation::matching::{PolicyCandidate, TemplateRef, choose};
-use crate::hub::federation::placement::{ClusterView, PlacementRequest, capacity, decide};
+use crate::hub::federation::placement::{
+    ClusterView, PlacementRequest, StaticWeights, capacity, decide,
+};
 
 /// Field manager of the hub's scheduler.
 pub const FIELD_MANAGER: &str = "bulkhead-hub-scheduler";
@@ -128,6 +132,9 @@ pub fn desired_binding(
     interpretation: &Interpretation,
     candidates: &[PolicyCandidate],
     clusters: &[ClusterView],
+    // A staticWeightList resolved against `clusters`, when the caller keeps them (the hub
+    // does, per member registry snapshot); None: placement resolves it for this template.
+    static_weights: &dyn Fn(&[StaticClusterWeight]) -> Option<Arc<StaticWeights>>,
     existing: Option<&ResourceBinding>,
     frozen: bool,
     now: jiff::Timestamp,
@@ -164,6 +171,12 @@ pub fn desired_binding(
         full.unwrap_or(&template.data),
         &not_running,
     );
+    let list = placement
+        .replica_scheduling
+        .as_ref()
+        .and_then(|s| s.weight_preference.as_ref())
+        .map_or(&[][..], |w| &w.static_weight_list[..]);
+    let resolved = static_weights(list);
     let decision = decide(&PlacementRequest {
         placement: &placement,
         replicas,
@@ -173,6 +186,7 @@ pub fn desired_binding(
         clusters: &estimated,
         current: &current,
         now,
+        static_weights: resolved.as_deref(),
     });
     let result = decision.into_result();
     let generation = template.metadata.generation;
@@ -339,6 +353,7 @@ mod tests {
                 .get("apps/v1", "Deployment"),
             &candidates,
             &clusters(),
+            &|_| None,
             None,
             false,
             now,
@@ -394,6 +409,7 @@ mod tests {
                     .get("apps/v1", "Deployment"),
                 &candidates,
                 &clusters(),
+                &|_| None,
                 None,
                 false,
                 now
@@ -411,6 +427,7 @@ mod tests {
                 .get("apps/v1", "Deployment"),
             &candidates,
             &clusters(),
+            &|_| None,
             None,
             false,
             now,
@@ -427,6 +444,7 @@ mod tests {
                 .get("apps/v1", "Deployment"),
             &candidates,
             &clusters(),
+            &|_| None,
             Some(&existing),
             false,
             now,
@@ -464,6 +482,7 @@ mod tests {
                 .get("apps/v1", "Deployment"),
             &candidates,
             &clusters(),
+            &|_| None,
             Some(&existing),
             false,
             now,

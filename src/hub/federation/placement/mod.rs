@@ -80,6 +80,46 @@ pub struct PlacementRequest<'a> {
     pub current: &'a [TargetCluster],
     /// For tolerationSeconds against a taint's `time_added`.
     pub now: jiff::Timestamp,
+    /// The staticWeightList of `placement` already resolved against `clusters`
+    /// ([`StaticWeights::resolve`]), for a caller that keeps one per policy and member
+    /// registry snapshot: the weights depend on the clusters' names, zones and labels,
+    /// never on the template. None (or one resolved for another number of clusters):
+    /// the kernel matches the list itself.
+    pub static_weights: Option<&'a StaticWeights>,
+}
+
+/// A staticWeightList resolved against a list of clusters: each cluster's weight and the
+/// entry it came from, in the order of the clusters. Resolving costs a label lookup per
+/// key and a match per entry for every cluster (about half of a static decision over 100
+/// clusters); the hub does it once per policy and member registry snapshot, not once per
+/// template (docs/placement.md, "Performance").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StaticWeights {
+    weights: Vec<(u64, StaticSource)>,
+}
+
+impl StaticWeights {
+    /// `list` matched against every one of `clusters`, in their order.
+    pub fn resolve(list: &[StaticClusterWeight], clusters: &[ClusterView]) -> Self {
+        let targets = (!list.is_empty()).then(|| candidates::WeightTargets::new(list));
+        let mut values = Vec::new();
+        StaticWeights {
+            weights: clusters
+                .iter()
+                .map(|cluster| static_weight(cluster, list, targets.as_ref(), &mut values))
+                .collect(),
+        }
+    }
+
+    /// How many clusters it was resolved for.
+    pub fn len(&self) -> usize {
+        self.weights.len()
+    }
+
+    /// Whether it was resolved for no cluster at all.
+    pub fn is_empty(&self) -> bool {
+        self.weights.is_empty()
+    }
 }
 
 /// The answer.
@@ -324,18 +364,26 @@ fn schedule(
             .as_ref()
             .and_then(|s| s.weight_preference.as_ref())
             .map_or(&[][..], |w| &w.static_weight_list[..]);
-        let targets = (!list.is_empty()).then(|| candidates::WeightTargets::new(list));
+        let resolved = request
+            .static_weights
+            .filter(|w| w.len() == request.clusters.len());
+        debug_assert!(
+            resolved.is_none_or(|w| *w == StaticWeights::resolve(list, request.clusters)),
+            "static weights resolved for other clusters or another list"
+        );
+        let targets =
+            (resolved.is_none() && !list.is_empty()).then(|| candidates::WeightTargets::new(list));
         let mut values = Vec::new();
-        for slot in slots.iter_mut().filter(|s| s.is_candidate()) {
+        for (index, slot) in slots.iter_mut().enumerate() {
+            if !slot.is_candidate() {
+                continue;
+            }
             let held = || current.get(&slot.cluster.name);
-            (slot.weight, slot.weight_source) = weight_of(
-                slot.cluster,
-                list,
-                targets.as_ref(),
-                &mut values,
-                dynamic,
-                held,
-            );
+            let fixed = || match resolved {
+                Some(weights) => weights.weights[index],
+                None => static_weight(slot.cluster, list, targets.as_ref(), &mut values),
+            };
+            (slot.weight, slot.weight_source) = weight_of(slot.cluster, fixed, dynamic, held);
         }
     }
 
@@ -369,23 +417,16 @@ fn room(available: i64, held: i32) -> u64 {
     u64::try_from(available.saturating_add(i64::from(held))).unwrap_or(0)
 }
 
-/// The weight of a candidate and where it came from. `targets` is the prepared
-/// staticWeightList (None when there is none); `values` is its scratch space. A dynamic
-/// weight is the template's room in the cluster: what still fits plus what it holds now
-/// (as Aggregated counts room), so the division does not move replicas because its own
-/// replicas filled the cluster.
-fn weight_of<'c>(
+/// A cluster's weight from the staticWeightList (`targets` is the prepared list, None
+/// when there is none; `values` its scratch space): the first entry that matches it, 0
+/// when none does, 1 without a list.
+fn static_weight<'c>(
     cluster: &'c ClusterView,
     list: &[StaticClusterWeight],
     targets: Option<&candidates::WeightTargets<'_>>,
     values: &mut Vec<Option<&'c str>>,
-    dynamic: bool,
-    held: impl Fn() -> i32,
-) -> (u64, WeightSource) {
-    if dynamic && let Some(available) = cluster.available_replicas {
-        return (room(available, held()), WeightSource::Available);
-    }
-    let (weight, source) = match targets {
+) -> (u64, StaticSource) {
+    match targets {
         None => (1, StaticSource::Uniform),
         Some(targets) => {
             targets
@@ -397,7 +438,23 @@ fn weight_of<'c>(
                     )
                 })
         }
-    };
+    }
+}
+
+/// The weight of a candidate and where it came from. `fixed` is its weight from the
+/// staticWeightList ([`static_weight`]). A dynamic weight is the template's room in the
+/// cluster: what still fits plus what it holds now (as Aggregated counts room), so the
+/// division does not move replicas because its own replicas filled the cluster.
+fn weight_of(
+    cluster: &ClusterView,
+    fixed: impl FnOnce() -> (u64, StaticSource),
+    dynamic: bool,
+    held: impl Fn() -> i32,
+) -> (u64, WeightSource) {
+    if dynamic && let Some(available) = cluster.available_replicas {
+        return (room(available, held()), WeightSource::Available);
+    }
+    let (weight, source) = fixed();
     let source = match (dynamic, source) {
         (true, source) => WeightSource::AvailableUnknown(source),
         (false, StaticSource::Uniform) => WeightSource::Uniform,

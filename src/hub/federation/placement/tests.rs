@@ -140,6 +140,7 @@ fn run_kind(
         clusters,
         current,
         now: now(),
+        static_weights: None,
     })
 }
 
@@ -229,6 +230,7 @@ fn kinds_without_replicas_are_duplicated_even_under_a_divided_policy() {
         clusters: &three(),
         current: &[],
         now: now(),
+        static_weights: None,
     });
     assert_eq!(targets(&result), [("east", 1), ("north", 1), ("west", 1)]);
     assert_eq!(reason(&result, "north"), "selected: duplicated, 1 replica");
@@ -1169,6 +1171,7 @@ fn decide_then_render_equals_place() {
         clusters: &clusters,
         current: &[],
         now: now(),
+        static_weights: None,
     };
     let decision = decide(&request);
     let result = place(&request);
@@ -1191,6 +1194,7 @@ fn has_targets_tells_whether_a_write_is_needed() {
         clusters: &clusters,
         current: &[],
         now: now(),
+        static_weights: None,
     };
     let decision = decide(&request);
     assert!(decision.has_targets(&current(&[("east", 4), ("west", 2)])));
@@ -1625,4 +1629,130 @@ fn dynamic_weights_count_the_replicas_a_cluster_holds_as_room() {
     ];
     let result = run_with(&dynamic(vec![]), 8, &clusters, &current(&[("east", 4)]));
     assert_eq!(targets(&result), [("east", 4), ("west", 4)]);
+}
+
+/// The hub resolves a staticWeightList once per member registry snapshot
+/// (`StaticWeights`); deciding with it must give what matching the list does.
+mod resolved_static_weights {
+    use super::*;
+    use proptest::prelude::*;
+
+    const ZONES: [&str; 3] = ["zone-a", "zone-b", "zone-c"];
+    const TIERS: [&str; 3] = ["gold", "silver", "bronze"];
+
+    fn entry(kind: u8, value: usize, weight: i64) -> StaticClusterWeight {
+        let mut target = ClusterTarget::default();
+        match kind % 4 {
+            0 => target.cluster_names = vec![format!("member-{value}")],
+            1 => target.zones = vec![ZONES[value % 3].to_string()],
+            2 => {
+                target.label_selector = Some(LabelSelector {
+                    match_labels: Some(BTreeMap::from([(
+                        "tier".to_string(),
+                        TIERS[value % 3].to_string(),
+                    )])),
+                    match_expressions: None,
+                })
+            }
+            _ => {
+                target.label_selector = Some(LabelSelector {
+                    match_labels: None,
+                    match_expressions: Some(vec![LabelSelectorRequirement {
+                        key: "tier".into(),
+                        operator: ["In", "NotIn", "Exists", "DoesNotExist"][value % 4].into(),
+                        values: Some(vec![TIERS[value % 3].to_string()]),
+                    }]),
+                })
+            }
+        }
+        StaticClusterWeight {
+            target_cluster: target,
+            weight,
+        }
+    }
+
+    fn view(index: usize, tier: Option<usize>, ready: bool, available: Option<i64>) -> ClusterView {
+        let mut view = cluster(&format!("member-{index}"), ZONES[index % 3]);
+        if let Some(tier) = tier {
+            view = labelled(view, &[("tier", TIERS[tier % 3])]);
+        }
+        if !ready {
+            view = not_ready(view, 30);
+        }
+        view.available_replicas = available;
+        view
+    }
+
+    fn request<'a>(
+        placement: &'a Placement,
+        clusters: &'a [ClusterView],
+        current: &'a [TargetCluster],
+        replicas: i32,
+        static_weights: Option<&'a StaticWeights>,
+    ) -> PlacementRequest<'a> {
+        PlacementRequest {
+            placement,
+            replicas,
+            divisible: true,
+            stateful: false,
+            uid: UID,
+            clusters,
+            current,
+            now: now(),
+            static_weights,
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn decide_with_resolved_weights_agrees_with_matching_the_list(
+            members in prop::collection::vec(
+                (prop::option::of(0usize..3), any::<bool>(), prop::option::of(0i64..20)),
+                1..12,
+            ),
+            entries in prop::collection::vec((any::<u8>(), 0usize..12, 0i64..10), 1..8),
+            dynamic in any::<bool>(),
+            replicas in 0i32..40,
+            held in 0i32..5,
+        ) {
+            let clusters: Vec<ClusterView> = members
+                .iter()
+                .enumerate()
+                .map(|(i, &(tier, ready, available))| view(i, tier, ready, available))
+                .collect();
+            let list: Vec<StaticClusterWeight> =
+                entries.iter().map(|&(kind, value, weight)| entry(kind, value, weight)).collect();
+            let placement = divided(
+                None,
+                Some(WeightPreference {
+                    static_weight_list: list.clone(),
+                    dynamic_weight: dynamic.then_some(DynamicWeight::AvailableReplicas),
+                }),
+            );
+            let current = vec![TargetCluster { name: "member-0".into(), replicas: held }];
+            let resolved = StaticWeights::resolve(&list, &clusters);
+            prop_assert_eq!(resolved.len(), clusters.len());
+            let matched = place(&request(&placement, &clusters, &current, replicas, None));
+            let given =
+                place(&request(&placement, &clusters, &current, replicas, Some(&resolved)));
+            prop_assert_eq!(given, matched);
+        }
+    }
+
+    #[test]
+    fn weights_resolved_for_another_number_of_clusters_are_not_used() {
+        let placement = weighted(&[("east", 1), ("west", 2)]);
+        let list = &placement
+            .replica_scheduling
+            .as_ref()
+            .unwrap()
+            .weight_preference
+            .as_ref()
+            .unwrap()
+            .static_weight_list;
+        let two = vec![cluster("east", "zone-a"), cluster("west", "zone-b")];
+        let stale = StaticWeights::resolve(list, &two[..1]);
+        let result = place(&request(&placement, &two, &[], 3, Some(&stale)));
+        assert_eq!(targets(&result), [("east", 1), ("west", 2)]);
+    }
 }
