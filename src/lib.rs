@@ -5,6 +5,7 @@ pub mod access;
 pub mod agent;
 pub mod api;
 pub mod cli;
+pub mod client;
 pub mod error;
 pub mod hub;
 pub mod leader;

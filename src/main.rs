@@ -7,6 +7,7 @@ use clap::Parser;
 // cheaper at this churn. Built without transparent huge pages (`no_thp`): with them each
 // of its 2 MiB pages counts whole in RSS however little of it is used (26 MiB of
 // AnonHugePages measured in a burst).
+#[cfg(feature = "mimalloc")]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

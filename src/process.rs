@@ -71,7 +71,8 @@ pub async fn connect(options: &ClientOptions) -> Result<Client> {
             None => Config::infer().await.map_err(Error::InferConfig)?,
         };
     let what = config.cluster_url.to_string();
-    Client::try_from(config).map_err(|source| Error::Client { what, source })
+    crate::client::build(config, crate::client::Limits::BULK)
+        .map_err(|source| Error::Client { what, source })
 }
 
 /// A running process: its client, metrics, readiness and shutdown signal.

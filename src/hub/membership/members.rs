@@ -126,8 +126,15 @@ impl Registry {
 pub async fn client_from_kubeconfig(text: &str) -> Result<(Client, String), String> {
     let config = member_config(text).await?;
     let server = config.cluster_url.to_string();
-    Ok((bounded_client(config, MAX_REQUESTS_IN_FLIGHT)?, server))
+    Ok((
+        bounded_client(config, MAX_REQUESTS_IN_FLIGHT, crate::client::BULK_IDLE)?,
+        server,
+    ))
 }
+
+/// How long an unused connection of a member's control client stays open: longer than
+/// the longest probe interval, so probes do not open a connection each time.
+const CONTROL_IDLE: Duration = Duration::from_secs(90);
 
 /// Requests in flight on a member's control client (probes, lease renewals): they are
 /// few and must never wait for each other for long.
@@ -144,8 +151,13 @@ pub async fn clients_from_kubeconfig(
     crate::hub::membership::credentials::check_inline(&kubeconfig, allow_insecure)?;
     let config = member_config(text).await?;
     let server = config.cluster_url.to_string();
-    let bulk = bounded_client(config.clone(), MAX_REQUESTS_IN_FLIGHT)?;
-    let control = bounded_client(config, MAX_CONTROL_REQUESTS_IN_FLIGHT)?;
+    let bulk = bounded_client(
+        config.clone(),
+        MAX_REQUESTS_IN_FLIGHT,
+        crate::client::BULK_IDLE,
+    )?;
+    // Renewals every second and probes keep its few connections in use.
+    let control = bounded_client(config, MAX_CONTROL_REQUESTS_IN_FLIGHT, CONTROL_IDLE)?;
     Ok((bulk, control, server))
 }
 
@@ -168,14 +180,16 @@ async fn member_config(text: &str) -> Result<Config, String> {
 /// A client whose every request waits at most [`REQUEST_TIMEOUT`] for its headers,
 /// counted from when it is sent (the timeout is inside the concurrency limit, so time
 /// spent waiting for a slot is not taken from the request's own deadline).
-fn bounded_client(config: Config, in_flight: usize) -> Result<Client, String> {
-    let builder = kube::client::ClientBuilder::try_from(config)
-        .map_err(|e| format!("cannot build a client: {e}"))?;
-    // The last layer added is the outermost: the limit queues, then the deadline runs.
-    Ok(builder
-        .with_layer(&tower::timeout::TimeoutLayer::new(REQUEST_TIMEOUT))
-        .with_layer(&tower::limit::ConcurrencyLimitLayer::new(in_flight))
-        .build())
+fn bounded_client(config: Config, in_flight: usize, idle: Duration) -> Result<Client, String> {
+    crate::client::build(
+        config,
+        crate::client::Limits {
+            idle,
+            in_flight: Some(in_flight),
+            request_timeout: Some(REQUEST_TIMEOUT),
+        },
+    )
+    .map_err(|e| format!("cannot build a client: {e}"))
 }
 
 fn secret_version(secret: &Secret) -> String {

@@ -1,0 +1,135 @@
+//! kube clients as `kube::Client::try_from(config)` builds them (TLS from the kubeconfig,
+//! its credentials, retries as configured, its connect/read/write timeouts), with the
+//! HTTP connections' memory bounded.
+//!
+//! HTTP/1.1 carries one request at a time per connection, so a client with 32 requests
+//! in flight opens 32 connections, and every watch holds one for as long as it runs.
+//! Measured with heaptrack on a hub after a 200-template burst (docs/benchmarks.md,
+//! "Where the heap goes"): about 120 connections held 7.6 MB, most of it read buffers.
+//! hyper grows a connection's read buffer up to 400 KiB while large responses or watch
+//! events arrive back to back and keeps it for the connection's life, and kube's default
+//! pool keeps an idle connection 90 s. Here a read buffer grows to at most
+//! [`MAX_READ_BUFFER`] (a larger response takes more reads, not more memory), and an idle
+//! connection closes after the caller's `idle`.
+
+use std::time::Duration;
+
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use kube::client::{ClientBuilder, ConfigExt};
+use kube::{Client, Config};
+use tower::{BoxError, ServiceBuilder};
+
+/// The most a connection's read buffer grows to. TLS records are 16 KiB, so this is four
+/// records per read.
+pub const MAX_READ_BUFFER: usize = 64 * 1024;
+
+/// How long an unused connection stays open in a client whose requests come in bursts
+/// (writes, lists): past a burst, its connections close within this.
+pub const BULK_IDLE: Duration = Duration::from_secs(10);
+
+/// How a client's connections are pooled and bounded.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// An idle connection closes after this.
+    pub idle: Duration,
+    /// Requests in flight; more wait their turn (None: unbounded).
+    pub in_flight: Option<usize>,
+    /// How long a request may wait for its response headers, counted from when it is
+    /// sent (inside the in-flight limit, so waiting for a turn does not count). None: no
+    /// deadline beyond the connection's read timeout.
+    pub request_timeout: Option<Duration>,
+}
+
+impl Limits {
+    /// A client for bursts of writes and lists, with no limit of its own.
+    pub const BULK: Limits = Limits {
+        idle: BULK_IDLE,
+        in_flight: None,
+        request_timeout: None,
+    };
+}
+
+/// A client for `config`, its connections bounded as [`Limits`] says.
+pub fn build(config: Config, limits: Limits) -> Result<Client, kube::Error> {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    let https = config.rustls_https_connector_with_connector(http)?;
+    let mut connector = hyper_timeout::TimeoutConnector::new(https);
+    connector.set_connect_timeout(config.connect_timeout);
+    connector.set_read_timeout(config.read_timeout);
+    connector.set_write_timeout(config.write_timeout);
+    let http_client = hyper_util::client::legacy::Builder::new(TokioExecutor::new())
+        .pool_idle_timeout(limits.idle)
+        .http1_max_buf_size(MAX_READ_BUFFER)
+        .build(connector);
+    let retry = config
+        .default_retry
+        .then(|| tower::retry::RetryLayer::new(kube::client::retry::RetryPolicy::server_retry()));
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(retry)
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(BoxError::from)
+        .service(http_client);
+    // The last layer added is the outermost: the limit queues, then the deadline runs.
+    let builder = ClientBuilder::new(service, config.default_namespace)
+        .with_layer(&tower::util::option_layer(
+            limits
+                .request_timeout
+                .map(tower::timeout::TimeoutLayer::new),
+        ))
+        .with_layer(&tower::util::option_layer(
+            limits
+                .in_flight
+                .map(tower::limit::ConcurrencyLimitLayer::new),
+        ));
+    Ok(builder.build())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_client_is_built_from_a_kubeconfig_with_its_limits() {
+        // No server is contacted: building checks the TLS material and credentials.
+        let kubeconfig = kube::config::Kubeconfig::from_yaml(
+            r#"
+apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}
+users:
+- name: u
+  user: {token: "t"}
+contexts:
+- name: x
+  context: {cluster: c, user: u, namespace: shop}
+current-context: x
+"#,
+        )
+        .unwrap();
+        let config = Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .unwrap();
+        let client = build(
+            config,
+            Limits {
+                idle: Duration::from_secs(1),
+                in_flight: Some(2),
+                request_timeout: Some(Duration::from_millis(200)),
+            },
+        )
+        .unwrap();
+        assert_eq!(client.default_namespace(), "shop");
+        // Nothing listens on port 1: the request fails rather than hangs.
+        let error = client.apiserver_version().await.unwrap_err();
+        assert!(
+            matches!(error, kube::Error::HyperError(_) | kube::Error::Service(_)),
+            "{error:?}"
+        );
+    }
+}
