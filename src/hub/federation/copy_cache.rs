@@ -1,5 +1,6 @@
 //! The hub's view of its copies in every member: one watch per member and template kind,
-//! selecting `federation.example.com/managed-by=bulkhead`, kept in reflector stores.
+//! selecting `federation.example.com/managed-by=bulkhead`, kept in [`CopyStore`]s (a
+//! reflector's semantics, each copy kept as the JSON text of its slim summary).
 //!
 //! A store keeps its last content while its member is unreachable (the propagator then
 //! knows which copies a cut-off member still holds), and is rebuilt from a fresh list when
@@ -12,7 +13,6 @@ use std::time::Duration;
 
 use futures::{StreamExt, stream};
 use kube::api::{ApiResource, DynamicObject};
-use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::mpsc;
@@ -27,7 +27,7 @@ use crate::hub::{Registry, tasks};
 
 /// One member's copies, by template kind.
 pub struct ClusterCopies {
-    stores: Vec<(ApiResource, Store<DynamicObject>)>,
+    stores: Vec<(ApiResource, CopyStore)>,
     /// Kinds the member cannot list for the hub (not served there, or not allowed to
     /// the hub's role), by kind index, with the member's answer.
     unavailable: Arc<Mutex<HashMap<usize, String>>>,
@@ -49,7 +49,7 @@ impl ClusterCopies {
             .cloned()
     }
 
-    fn store(&self, resource: &ApiResource) -> Option<&Store<DynamicObject>> {
+    fn store(&self, resource: &ApiResource) -> Option<&CopyStore> {
         self.stores
             .iter()
             .find(|(ar, _)| ar.kind == resource.kind && ar.group == resource.group)
@@ -58,10 +58,7 @@ impl ClusterCopies {
 
     /// The copies of this kind have been listed completely at least once.
     pub fn synced(&self, resource: &ApiResource) -> bool {
-        self.store(resource).is_some_and(|store| {
-            futures::FutureExt::now_or_never(store.wait_until_ready())
-                .is_some_and(|ready| ready.is_ok())
-        }) || self.unavailable(resource).is_some()
+        self.store(resource).is_some_and(CopyStore::ready) || self.unavailable(resource).is_some()
     }
 
     /// The managed copy of `namespace/name` of this kind, as last seen.
@@ -71,8 +68,99 @@ impl ClusterCopies {
         namespace: &str,
         name: &str,
     ) -> Option<Arc<DynamicObject>> {
-        self.store(resource)?
-            .get(&ObjectRef::new_with(name, resource.clone()).within(namespace))
+        self.store(resource)?.get(namespace, name)
+    }
+}
+
+/// The copies one watch delivered, as a reflector store keeps them (an applied copy
+/// replaces the one before, a deleted one goes, a relist replaces everything once it is
+/// complete), but each copy kept as the JSON text of its slim summary and read back on
+/// [`CopyStore::get`].
+///
+/// A slim copy is small as data (name, UID, two labels, a few annotations, replicas, a
+/// status summary), but as a `DynamicObject` each of its small maps (labels,
+/// annotations, the object, `spec`, `status`) is a B-tree leaf of 540-630 bytes however
+/// few entries it holds: about 4.2 KB a copy, measured (docs/benchmarks.md, "Where the
+/// heap goes"); the text is under 1 KB. Reading one back costs a few microseconds, and a
+/// reconcile reads one per member.
+#[derive(Clone, Default)]
+pub struct CopyStore(Arc<std::sync::RwLock<StoreState>>);
+
+#[derive(Default)]
+struct StoreState {
+    copies: HashMap<(String, String), Arc<str>>,
+    /// A relist in progress: what it listed so far (it replaces `copies` when complete).
+    relisting: Option<HashMap<(String, String), Arc<str>>>,
+    /// A list has completed at least once.
+    ready: bool,
+}
+
+impl CopyStore {
+    /// Applies one watch event, as a reflector's store does.
+    fn apply(&self, event: &watcher::Event<DynamicObject>) {
+        let key =
+            |object: &DynamicObject| (object.namespace().unwrap_or_default(), object.name_any());
+        let text = |object: &DynamicObject| -> Option<Arc<str>> {
+            match serde_json::to_string(object) {
+                Ok(text) => Some(Arc::from(text)),
+                Err(error) => {
+                    // Not expected (it was just read from JSON); without it the copy is
+                    // not known, so the hub may apply it again, never delete it.
+                    tracing::error!(copy = %object.name_any(), %error, "cannot keep a copy's summary");
+                    None
+                }
+            }
+        };
+        let mut state = self.0.write().unwrap_or_else(|p| p.into_inner());
+        match event {
+            watcher::Event::Apply(object) => match text(object) {
+                Some(text) => {
+                    state.copies.insert(key(object), text);
+                }
+                None => {
+                    state.copies.remove(&key(object));
+                }
+            },
+            watcher::Event::Delete(object) => {
+                state.copies.remove(&key(object));
+            }
+            watcher::Event::Init => state.relisting = Some(HashMap::new()),
+            watcher::Event::InitApply(object) => {
+                if let Some(text) = text(object) {
+                    state
+                        .relisting
+                        .get_or_insert_with(HashMap::new)
+                        .insert(key(object), text);
+                }
+            }
+            watcher::Event::InitDone => {
+                state.copies = state.relisting.take().unwrap_or_default();
+                state.ready = true;
+            }
+        }
+    }
+
+    /// The copy of `namespace/name`, as last seen.
+    fn get(&self, namespace: &str, name: &str) -> Option<Arc<DynamicObject>> {
+        let text = {
+            let state = self.0.read().unwrap_or_else(|p| p.into_inner());
+            state
+                .copies
+                .get(&(namespace.to_string(), name.to_string()))?
+                .clone()
+        };
+        match serde_json::from_str(&text) {
+            Ok(object) => Some(Arc::new(object)),
+            Err(error) => {
+                tracing::error!(copy = %format!("{namespace}/{name}"), %error, "cannot read a copy's summary back");
+                None
+            }
+        }
+    }
+
+    /// A list has completed at least once.
+    fn ready(&self) -> bool {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).ready
     }
 }
 
@@ -296,35 +384,39 @@ fn start_watches(client: &Client, kinds: &Kinds, cluster: &str) -> (ClusterCopie
         let read_as = interpretation.clone();
         let unavailable = unavailable.clone();
         let what = format!("{} {}", resource.api_version, resource.kind);
-        let writer = reflector::store::Writer::<DynamicObject>::new(resource.clone());
+        let store = CopyStore::default();
         let mut seen = SeenCopies::default();
-        stores.push((resource.clone(), writer.as_reader()));
+        stores.push((resource.clone(), store.clone()));
         let api = Api::<DynamicObject>::all_with(client.clone(), resource);
         let config = watcher::Config::default().labels(&managed_selector());
         streams.push(
-            reflector(
-                writer,
-                watcher(api, config)
-                    .modify(move |o: &mut DynamicObject| slim_copy(o, &interpretation)),
-            )
-            .default_backoff()
-            .map(move |event| {
-                if note_availability(&unavailable, &cluster, kind, &what, &event) {
-                    // Now counted as listed (and empty): its templates may go on.
-                    return Some(CopyEvent::Relisted {
-                        cluster: cluster.clone(),
-                    });
-                }
-                let seen = match &event {
-                    Ok(event) => seen.changes(event, &read_as),
-                    Err(_) => Seen::Change,
-                };
-                if seen == Seen::Nothing {
-                    return None;
-                }
-                copy_event(&cluster, kind, event, seen)
-            })
-            .boxed(),
+            watcher(api, config)
+                .modify(move |o: &mut DynamicObject| slim_copy(o, &interpretation))
+                .default_backoff()
+                // The store first, as a reflector does: whoever the event wakes reads
+                // the copy as it now is.
+                .inspect(move |event| {
+                    if let Ok(event) = event {
+                        store.apply(event);
+                    }
+                })
+                .map(move |event| {
+                    if note_availability(&unavailable, &cluster, kind, &what, &event) {
+                        // Now counted as listed (and empty): its templates may go on.
+                        return Some(CopyEvent::Relisted {
+                            cluster: cluster.clone(),
+                        });
+                    }
+                    let seen = match &event {
+                        Ok(event) => seen.changes(event, &read_as),
+                        Err(_) => Seen::Change,
+                    };
+                    if seen == Seen::Nothing {
+                        return None;
+                    }
+                    copy_event(&cluster, kind, event, seen)
+                })
+                .boxed(),
         );
     }
     (
@@ -577,6 +669,59 @@ mod tests {
             "status": {"replicas": 3, "readyReplicas": 2, "conditions": [{"type": "Available"}]}
         }))
         .unwrap()
+    }
+
+    fn slim(name: &str, ready: i64) -> DynamicObject {
+        let mut object = copy();
+        object.metadata.name = Some(name.to_string());
+        object.data["status"]["readyReplicas"] = json!(ready);
+        slim_copy(
+            &mut object,
+            &crate::hub::federation::interpreter::Interpreters::built_in()
+                .get("apps/v1", "Deployment"),
+        );
+        object
+    }
+
+    #[test]
+    fn a_copy_store_reads_back_what_it_was_given() {
+        let store = CopyStore::default();
+        let web = slim("web", 2);
+        store.apply(&watcher::Event::Apply(web.clone()));
+        let back = store.get("shop", "web").expect("kept");
+        assert_eq!(*back, web);
+        assert_eq!(back.metadata.deletion_timestamp, None);
+        assert!(store.get("shop", "api").is_none());
+        assert!(store.get("other", "web").is_none());
+        // A later version replaces it; a deletion removes it.
+        let newer = slim("web", 3);
+        store.apply(&watcher::Event::Apply(newer.clone()));
+        assert_eq!(*store.get("shop", "web").unwrap(), newer);
+        store.apply(&watcher::Event::Delete(newer));
+        assert!(store.get("shop", "web").is_none());
+    }
+
+    #[test]
+    fn a_copy_store_is_ready_after_its_first_list_and_a_relist_replaces_it_when_complete() {
+        let store = CopyStore::default();
+        assert!(!store.ready(), "nothing listed yet");
+        store.apply(&watcher::Event::Init);
+        store.apply(&watcher::Event::InitApply(slim("web", 1)));
+        assert!(!store.ready(), "the list is not complete");
+        assert!(store.get("shop", "web").is_none(), "a list shows when complete");
+        store.apply(&watcher::Event::InitDone);
+        assert!(store.ready());
+        assert!(store.get("shop", "web").is_some());
+        // A relist (after a partition, say): the old content stays until it completes,
+        // then what it did not list is gone.
+        store.apply(&watcher::Event::Init);
+        store.apply(&watcher::Event::InitApply(slim("api", 1)));
+        assert!(store.get("shop", "web").is_some(), "kept while relisting");
+        assert!(store.get("shop", "api").is_none());
+        assert!(store.ready(), "still ready while relisting");
+        store.apply(&watcher::Event::InitDone);
+        assert!(store.get("shop", "web").is_none());
+        assert!(store.get("shop", "api").is_some());
     }
 
     #[test]
