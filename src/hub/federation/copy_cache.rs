@@ -708,7 +708,10 @@ mod tests {
         store.apply(&watcher::Event::Init);
         store.apply(&watcher::Event::InitApply(slim("web", 1)));
         assert!(!store.ready(), "the list is not complete");
-        assert!(store.get("shop", "web").is_none(), "a list shows when complete");
+        assert!(
+            store.get("shop", "web").is_none(),
+            "a list shows when complete"
+        );
         store.apply(&watcher::Event::InitDone);
         assert!(store.ready());
         assert!(store.get("shop", "web").is_some());
