@@ -171,7 +171,11 @@ pub fn desired_binding(
         full.unwrap_or(&template.data),
         &not_running,
     );
-    let list = placement
+    // The policy's own list (the one in the store, not `placement`'s copy): the caller
+    // keeps its resolved weights by the list's address while the policy is unchanged.
+    let list = policy
+        .spec
+        .placement
         .replica_scheduling
         .as_ref()
         .and_then(|s| s.weight_preference.as_ref())
@@ -337,6 +341,58 @@ mod tests {
             name: "weighted",
             spec,
         }]
+    }
+
+    #[test]
+    fn the_weights_are_asked_for_by_the_policys_own_list() {
+        // The hub keeps resolved weights by the address of the list it is asked for: that
+        // must be the policy's (stable while the policy is), not a copy made per template.
+        let spec = policy();
+        let candidates = candidates_in("shop", &spec);
+        let clusters = clusters();
+        let list = &spec
+            .placement
+            .replica_scheduling
+            .as_ref()
+            .unwrap()
+            .weight_preference
+            .as_ref()
+            .unwrap()
+            .static_weight_list;
+        let asked = std::cell::RefCell::new(vec![]);
+        let resolve = |asked_for: &[StaticClusterWeight]| {
+            asked.borrow_mut().push(asked_for.as_ptr());
+            Some(Arc::new(StaticWeights::resolve(asked_for, &clusters)))
+        };
+        let now = jiff::Timestamp::from_second(1_800_000_000).unwrap();
+        let decide = || {
+            desired_binding(
+                &template(6),
+                None,
+                &|_| None,
+                &deployments(),
+                &crate::hub::federation::interpreter::Interpreters::built_in()
+                    .get("apps/v1", "Deployment"),
+                &candidates,
+                &clusters,
+                &resolve,
+                None,
+                false,
+                now,
+            )
+            .unwrap()
+        };
+        let first = decide();
+        let second = decide();
+        assert_eq!(*asked.borrow(), vec![list.as_ptr(), list.as_ptr()]);
+        assert_eq!(first.spec, second.spec);
+        let replicas: Vec<(String, i32)> = first
+            .spec
+            .clusters
+            .iter()
+            .map(|t| (t.name.clone(), t.replicas))
+            .collect();
+        assert_eq!(replicas, [("east".to_string(), 4), ("west".to_string(), 2)]);
     }
 
     #[test]
