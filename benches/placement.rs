@@ -201,12 +201,7 @@ fn bench_place<M: Measurement>(c: &mut Criterion<M>, group_name: &str) {
         // As the hub decides: the staticWeightList resolved once per policy and member
         // registry snapshot (`StaticWeights::resolve`, measured on its own), not per
         // template.
-        let list = &placement
-            .replica_scheduling
-            .as_ref()
-            .and_then(|s| s.weight_preference.as_ref())
-            .expect("a weighted placement")
-            .static_weight_list;
+        let list = placement.static_weight_list();
         if !list.is_empty() {
             let resolved = StaticWeights::resolve(list, &clusters);
             let hub_request = PlacementRequest {

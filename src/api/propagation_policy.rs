@@ -227,6 +227,16 @@ pub struct Placement {
     pub replica_scheduling: Option<ReplicaScheduling>,
 }
 
+impl Placement {
+    /// `replicaScheduling.weightPreference.staticWeightList`, empty when unset.
+    pub fn static_weight_list(&self) -> &[StaticClusterWeight] {
+        self.replica_scheduling
+            .as_ref()
+            .and_then(|s| s.weight_preference.as_ref())
+            .map_or(&[][..], |w| &w.static_weight_list[..])
+    }
+}
+
 /// Candidate member clusters. Each non-empty field narrows the set; `exclude` removes.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]

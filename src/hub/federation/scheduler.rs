@@ -173,14 +173,7 @@ pub fn desired_binding(
     );
     // The policy's own list (the one in the store, not `placement`'s copy): the caller
     // keeps its resolved weights by the list's address while the policy is unchanged.
-    let list = policy
-        .spec
-        .placement
-        .replica_scheduling
-        .as_ref()
-        .and_then(|s| s.weight_preference.as_ref())
-        .map_or(&[][..], |w| &w.static_weight_list[..]);
-    let resolved = static_weights(list);
+    let resolved = static_weights(policy.spec.placement.static_weight_list());
     let decision = decide(&PlacementRequest {
         placement: &placement,
         replicas,
@@ -350,15 +343,7 @@ mod tests {
         let spec = policy();
         let candidates = candidates_in("shop", &spec);
         let clusters = clusters();
-        let list = &spec
-            .placement
-            .replica_scheduling
-            .as_ref()
-            .unwrap()
-            .weight_preference
-            .as_ref()
-            .unwrap()
-            .static_weight_list;
+        let list = spec.placement.static_weight_list();
         let asked = std::cell::RefCell::new(vec![]);
         let resolve = |asked_for: &[StaticClusterWeight]| {
             asked.borrow_mut().push(asked_for.as_ptr());

@@ -359,11 +359,7 @@ fn schedule(
 
     // 2. Weights (they also rank groups for spread constraints).
     if let Mode::Weighted { dynamic } = mode {
-        let list = placement
-            .replica_scheduling
-            .as_ref()
-            .and_then(|s| s.weight_preference.as_ref())
-            .map_or(&[][..], |w| &w.static_weight_list[..]);
+        let list = placement.static_weight_list();
         let resolved = request
             .static_weights
             .filter(|w| w.len() == request.clusters.len());

@@ -1742,14 +1742,7 @@ mod resolved_static_weights {
     #[test]
     fn weights_resolved_for_another_number_of_clusters_are_not_used() {
         let placement = weighted(&[("east", 1), ("west", 2)]);
-        let list = &placement
-            .replica_scheduling
-            .as_ref()
-            .unwrap()
-            .weight_preference
-            .as_ref()
-            .unwrap()
-            .static_weight_list;
+        let list = placement.static_weight_list();
         let two = vec![cluster("east", "zone-a"), cluster("west", "zone-b")];
         let stale = StaticWeights::resolve(list, &two[..1]);
         let result = place(&request(&placement, &two, &[], 3, Some(&stale)));
