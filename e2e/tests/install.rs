@@ -265,13 +265,18 @@ async fn the_chart_grants_exactly_the_documented_permissions() -> Result<()> {
 }
 
 /// The chart's account's requests in the hub API server's audit log from byte `from` on:
-/// (all of them, the refused ones as `verb resource/subresource name: code`).
-fn audited_requests(lab: &Lab, from: u64) -> Result<(usize, Vec<String>)> {
+/// (all of them, the refused ones as `verb resource/subresource name: code`, the
+/// resources it wrote (a verb other than get, list, watch) with success).
+fn audited_requests(
+    lab: &Lab,
+    from: u64,
+) -> Result<(usize, Vec<String>, std::collections::BTreeSet<String>)> {
     let user = format!("system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}");
     let text = std::fs::read(lab.hub_audit_log()).context("the hub's audit log")?;
     let text = String::from_utf8_lossy(&text[usize::try_from(from)?.min(text.len())..]).to_string();
     let mut total = 0;
     let mut refused = vec![];
+    let mut written = std::collections::BTreeSet::new();
     for line in text.lines() {
         let Ok(event) = serde_json::from_str::<Value>(line) else {
             continue;
@@ -281,6 +286,15 @@ fn audited_requests(lab: &Lab, from: u64) -> Result<(usize, Vec<String>)> {
         }
         total += 1;
         let code = event["responseStatus"]["code"].as_i64().unwrap_or_default();
+        let verb = event["verb"].as_str().unwrap_or_default();
+        if (200..300).contains(&code) && !["get", "list", "watch"].contains(&verb) {
+            written.insert(
+                event["objectRef"]["resource"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            );
+        }
         if code == 401 || code == 403 {
             let object = &event["objectRef"];
             refused.push(format!(
@@ -292,7 +306,7 @@ fn audited_requests(lab: &Lab, from: u64) -> Result<(usize, Vec<String>)> {
             ));
         }
     }
-    Ok((total, refused))
+    Ok((total, refused, written))
 }
 
 fn audit_log_size(lab: &Lab) -> u64 {
@@ -523,7 +537,7 @@ async fn the_hub_with_the_charts_service_account_propagates_and_fails_over_witho
         .await?;
 
     // Not one request of the hub was refused.
-    let (requests, refused) = audited_requests(&lab, audit_from)?;
+    let (requests, refused, written) = audited_requests(&lab, audit_from)?;
     let log = std::fs::read_to_string(federation.hub_log())?;
     let forbidden_lines: Vec<&str> = log
         .lines()
@@ -541,6 +555,12 @@ async fn the_hub_with_the_charts_service_account_propagates_and_fails_over_witho
     ensure!(
         refused.is_empty() && forbidden_lines.is_empty(),
         "the chart's account was refused: {refused:#?}; log lines: {forbidden_lines:#?}"
+    );
+    // The finalizer's admission policy is the chart's account's to keep.
+    ensure!(
+        written.contains("mutatingadmissionpolicies")
+            && written.contains("mutatingadmissionpolicybindings"),
+        "the hub wrote its MutatingAdmissionPolicy with the chart's account (wrote: {written:?})"
     );
     federation.kill_hub();
 

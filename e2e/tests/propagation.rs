@@ -3,7 +3,8 @@
 //! re-weighting, Duplicated Deployments, ConfigMaps, conflicts with unmanaged objects,
 //! cleanup (also during a partition, and a foreground deletion during one), a hub restart
 //! that changes nothing, `bulkhead plan`
-//! agreeing with the hub, and propagation latency.
+//! agreeing with the hub, propagation latency, and the cleanup finalizer added by the hub
+//! API server on create.
 
 use std::time::{Duration, Instant};
 
@@ -850,5 +851,149 @@ async fn propagation_latency_of_a_burst_of_template_updates() -> Result<()> {
         quantile(0.99),
         latencies.last().copied().unwrap_or_default()
     );
+    Ok(())
+}
+
+fn has_cleanup_finalizer(object: &kube::api::DynamicObject) -> bool {
+    object.finalizers().iter().any(|f| f == CLEANUP_FINALIZER)
+}
+
+/// A template a policy selects arrives with its cleanup finalizer, added in the create
+/// request by the MutatingAdmissionPolicy the hub keeps in the hub API server; a template
+/// no policy selects gets none; the hub writes no finalizer of its own, and deleting the
+/// template still deletes its copies and then lets it go. Without a policy for the
+/// namespace, the admission policy no longer matches it.
+#[tokio::test]
+async fn a_selected_template_gets_its_finalizer_from_the_api_server_on_create() -> Result<()> {
+    use bulkhead::hub::federation::finalizer_policy::NAME;
+    use k8s_openapi::api::admissionregistration::v1::MutatingAdmissionPolicy;
+
+    let federation = Federation::start("prop-fin", &[]).await?;
+    let selector = json!([{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web-*"}]);
+    federation
+        .apply(
+            &policies(),
+            federation.policy("web", selector, weighted(1, 1), json!({})),
+        )
+        .await?;
+    let admission: kube::Api<MutatingAdmissionPolicy> = kube::Api::all(federation.hub.clone());
+    let namespace = federation.namespace.clone();
+    let selects_ours = |policy: &MutatingAdmissionPolicy| {
+        let text = serde_json::to_string(&policy.spec).unwrap_or_default();
+        text.contains(&format!("\\\"{namespace}\\\"")) && text.contains("^web-.*$")
+    };
+    wait_for(
+        "the admission policy to select web-* in the test namespace",
+        Duration::from_secs(30),
+        || async {
+            match admission.get_opt(NAME).await {
+                Ok(Some(policy)) if selects_ours(&policy) => Check::Done(()),
+                Ok(other) => Check::Waiting(format!("{:?}", other.map(|p| p.spec))),
+                Err(e) => Check::Waiting(e.to_string()),
+            }
+        },
+    )
+    .await?;
+
+    // The API server acts on a policy once its own watch has it: a dry-run create runs
+    // admission and shows when.
+    let api = federation.api("hub", &deployments());
+    let object = |name: &str| -> Result<kube::api::DynamicObject> {
+        Ok(serde_json::from_value(deployment(name, 2, "nginx"))?)
+    };
+    let probe = object("web-probe")?;
+    wait_for(
+        "a dry-run create of web-probe to come back with the finalizer",
+        Duration::from_secs(30),
+        || async {
+            let dry_run = PostParams {
+                dry_run: true,
+                ..Default::default()
+            };
+            match api.create(&dry_run, &probe).await {
+                Ok(created) if has_cleanup_finalizer(&created) => Check::Done(()),
+                Ok(created) => Check::Waiting(format!("finalizers {:?}", created.finalizers())),
+                Err(e) => Check::Waiting(e.to_string()),
+            }
+        },
+    )
+    .await?;
+
+    let created = api
+        .create(&PostParams::default(), &object("web-1")?)
+        .await?;
+    assert!(
+        has_cleanup_finalizer(&created),
+        "web-1 comes back from its create with the finalizer: {:?}",
+        created.finalizers()
+    );
+    let other = api
+        .create(&PostParams::default(), &object("other")?)
+        .await?;
+    assert!(
+        other.finalizers().is_empty(),
+        "a template no policy selects gets no finalizer: {:?}",
+        other.finalizers()
+    );
+    federation
+        .wait_copies(
+            &deployments(),
+            "web-1",
+            "a copy of 1 in east and in west",
+            Duration::from_secs(60),
+            |c| placement(c) == [("east".to_string(), 1), ("west".to_string(), 1)],
+        )
+        .await?;
+    assert_eq!(
+        federation
+            .hub_counter("bulkhead_hub_writes_total", "what=\"finalizer\"")
+            .await?,
+        0.0,
+        "the hub wrote no finalizer"
+    );
+    assert!(
+        federation.copies(&deployments(), "other").await?.is_empty(),
+        "the unselected template is not propagated"
+    );
+
+    // Deleting: the copies go, then the hub removes the finalizer the API server added.
+    api.delete("web-1", &DeleteParams::default()).await?;
+    wait_for(
+        "web-1 gone from the hub and from every member",
+        Duration::from_secs(60),
+        || async {
+            let template = api.get_opt("web-1").await;
+            let copies = federation.copies(&deployments(), "web-1").await;
+            match (template, copies) {
+                (Ok(None), Ok(copies)) if copies.is_empty() => Check::Done(()),
+                (template, copies) => Check::Waiting(format!(
+                    "template {:?}, copies {:?}",
+                    template.map(|t| t.map(|t| t.finalizers().to_vec())),
+                    copies.map(|c| placement(&c))
+                )),
+            }
+        },
+    )
+    .await?;
+
+    // Without the policy, nothing in the namespace is matched any more.
+    federation
+        .api("hub", &policies())
+        .delete("web", &DeleteParams::default())
+        .await?;
+    wait_for(
+        "the admission policy to stop selecting the test namespace",
+        Duration::from_secs(30),
+        || async {
+            match admission.get_opt(NAME).await {
+                Ok(Some(policy)) if selects_ours(&policy) => {
+                    Check::Waiting("still selects web-*".into())
+                }
+                Ok(_) => Check::Done(()),
+                Err(e) => Check::Waiting(e.to_string()),
+            }
+        },
+    )
+    .await?;
     Ok(())
 }

@@ -68,6 +68,12 @@ pub struct HubOptions {
     /// takes one; the others wait for the next pass.
     #[arg(long, default_value_t = 10.0)]
     pub eviction_rate: f64,
+    /// Keep a MutatingAdmissionPolicy in the hub API server that adds the cleanup
+    /// finalizer to templates the policies select as they are created (no hub write, no
+    /// round trip before the copies go out; docs/placement.md). Off (`=false`), the hub
+    /// deletes it and adds every finalizer itself. Needs Kubernetes 1.36 or later.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub finalizer_admission_policy: bool,
     /// Also serve the admission webhook in this process and install the hub-side webhook
     /// configurations into the hub (the webhook flags below apply; see docs/admission.md).
     #[arg(long)]
@@ -355,6 +361,7 @@ pub async fn run_membership(
     // Registered once: the controller restarts with each leadership term.
     let controller_metrics = federation::register_metrics(&process.metrics);
     let eviction_rate = options.eviction_rate;
+    let finalizer_admission_policy = options.finalizer_admission_policy;
     let scheduler_task = tokio::spawn(crate::leader::run_while_leader(
         state.leadership.clone(),
         shutdown.clone(),
@@ -366,7 +373,10 @@ pub async fn run_membership(
                 controller_state.clone(),
                 controller_recorder.clone(),
                 controller_metrics.clone(),
-                federation::ControllerOptions { eviction_rate },
+                federation::ControllerOptions {
+                    eviction_rate,
+                    finalizer_admission_policy,
+                },
                 cancel,
             )
         },

@@ -29,6 +29,7 @@ pub mod copy_cache;
 pub mod dependencies;
 pub mod discovery;
 pub mod field_path;
+pub mod finalizer_policy;
 pub mod follow;
 pub mod interpreter;
 pub mod kinds;
@@ -88,6 +89,9 @@ pub const PROGRESS_DELAY: Duration = Duration::from_secs(5);
 pub struct ControllerOptions {
     /// Bindings that may evict replicas from a failed cluster, per second.
     pub eviction_rate: f64,
+    /// Keep the MutatingAdmissionPolicy that adds the cleanup finalizer on create
+    /// ([`finalizer_policy`]); off, the hub deletes it and adds every finalizer itself.
+    pub finalizer_admission_policy: bool,
 }
 
 /// Something that happened on the hub, as the queue sees it.
@@ -257,14 +261,28 @@ async fn run_kinds(
     );
 
     let mut streams: Vec<futures::stream::BoxStream<'static, Trigger>> = vec![];
+    // A policy change may change what the finalizer's admission policy matches.
+    let finalizer_changes = Arc::new(finalizer_policy::Changes::default());
+    fn touching<K: kube::Resource + serde::Serialize>(
+        changes: Arc<finalizer_policy::Changes>,
+    ) -> impl FnMut(watcher::Event<K>) -> Trigger {
+        let mut inner = policy_status::spec_changes(everything);
+        move |event| {
+            let trigger = inner(event);
+            if !matches!(trigger, Trigger::Nothing) {
+                changes.touch();
+            }
+            trigger
+        }
+    }
     let (policies, s) = reflect(
         Api::<PropagationPolicy>::all(hub.clone()),
-        policy_status::spec_changes(everything),
+        touching(finalizer_changes.clone()),
     );
     streams.push(s);
     let (cluster_policies, s) = reflect(
         Api::<ClusterPropagationPolicy>::all(hub.clone()),
-        policy_status::spec_changes(everything),
+        touching(finalizer_changes.clone()),
     );
     streams.push(s);
     let (override_policies, s) = reflect(Api::<OverridePolicy>::all(hub.clone()), everything);
@@ -404,6 +422,27 @@ async fn run_kinds(
         selection.clone(),
         shutdown.clone(),
     )));
+    // The finalizer's admission policy follows the policies.
+    {
+        let context = context.clone();
+        let resources: Vec<kube::api::ApiResource> =
+            context.kinds.iter().map(|(ar, _)| ar.clone()).collect();
+        finalizer_changes.touch();
+        tasks.push(tokio::spawn(finalizer_policy::run(
+            context.hub.clone(),
+            finalizer_changes,
+            options.finalizer_admission_policy,
+            move || {
+                if !context.stores.ready() {
+                    return None;
+                }
+                let (policies, cluster_policies) = context.policies();
+                let candidates = context::candidates(&policies, &cluster_policies);
+                Some(finalizer_policy::desired_policy(&candidates, &resources))
+            },
+            shutdown.clone(),
+        )));
+    }
     // Member copies -> queue.
     {
         let context = context.clone();
