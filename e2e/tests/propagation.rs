@@ -861,7 +861,8 @@ fn has_cleanup_finalizer(object: &kube::api::DynamicObject) -> bool {
 /// A template a policy selects arrives with its cleanup finalizer, added in the create
 /// request by the MutatingAdmissionPolicy the hub keeps in the hub API server; a template
 /// no policy selects gets none; the hub writes no finalizer of its own, and deleting the
-/// template still deletes its copies and then lets it go. Without a policy for the
+/// template still deletes its copies and then lets it go. A template that has the
+/// finalizer but no policy, binding or copy loses it. Without a policy for the
 /// namespace, the admission policy no longer matches it.
 #[tokio::test]
 async fn a_selected_template_gets_its_finalizer_from_the_api_server_on_create() -> Result<()> {
@@ -955,6 +956,25 @@ async fn a_selected_template_gets_its_finalizer_from_the_api_server_on_create() 
         federation.copies(&deployments(), "other").await?.is_empty(),
         "the unselected template is not propagated"
     );
+
+    // A template with the finalizer that no policy selects (the admission policy added it
+    // in the moment before its policy went): no binding, no copy anywhere, so the hub
+    // removes the finalizer at once, while it still watches the kind.
+    let mut stray = object("stray")?;
+    stray.metadata.finalizers = Some(vec![CLEANUP_FINALIZER.to_string()]);
+    api.create(&PostParams::default(), &stray).await?;
+    wait_for(
+        "the hub to remove the finalizer of stray, which no policy selects",
+        Duration::from_secs(30),
+        || async {
+            match api.get("stray").await {
+                Ok(t) if t.finalizers().is_empty() => Check::Done(()),
+                Ok(t) => Check::Waiting(format!("finalizers {:?}", t.finalizers())),
+                Err(e) => Check::Waiting(e.to_string()),
+            }
+        },
+    )
+    .await?;
 
     // Deleting: the copies go, then the hub removes the finalizer the API server added.
     api.delete("web-1", &DeleteParams::default()).await?;

@@ -392,6 +392,30 @@ fn unsynced(members: &[Member], targets: &[TargetCluster]) -> bool {
         .any(|m| m.reachable && !m.synced && targets.iter().any(|t| t.name == m.cluster))
 }
 
+/// Whether the hub knows for sure that no member holds a copy of `key`, and none is on
+/// its way: every member's copies are listed, none of them is `key`'s, and no write for it
+/// is queued or in flight. A template no policy selects, without a binding, may then
+/// lose its cleanup finalizer (the hub API server's admission policy added it in the
+/// moment before its policy went; `finalizer_policy`): nothing is deleted, and its kind
+/// may not be watched after the next restart to remove it on deletion.
+fn nothing_to_clean_up(
+    context: &Context,
+    key: &ObjectKey,
+    resource: &ApiResource,
+    views: &[ClusterView],
+) -> bool {
+    views.iter().all(|view| {
+        let cache = context.caches.member(&view.name);
+        let synced = cache.as_ref().is_some_and(|c| c.synced(resource));
+        let cached = cache.and_then(|c| c.get(resource, &key.namespace, &key.name));
+        let in_flight = context
+            .writers
+            .state(&view.name, key, None)
+            .is_some_and(|state| state.outcome.is_none());
+        synced && !in_flight && context.writers.fresh(&view.name, key, cached).is_none()
+    })
+}
+
 /// A live template: decide, bind, hand off, report.
 async fn place_template(
     context: &Arc<Context>,
@@ -448,6 +472,12 @@ async fn place_template(
             Some(desired) => desired,
             None => {
                 context.report(key, None);
+                if existing.is_none()
+                    && template.finalizers().iter().any(|f| f == FINALIZER_CLEANUP)
+                    && nothing_to_clean_up(context, key, resource, views)
+                {
+                    return remove_template_finalizer(context, key, resource, template).await;
+                }
                 return None;
             }
         },
