@@ -57,6 +57,9 @@ pub const MAX_SELECTORS: usize = 200;
 const COALESCE: Duration = Duration::from_millis(250);
 /// How long after a failed write it is tried again.
 const RETRY: Duration = Duration::from_secs(5);
+/// Annotation with a hash of the spec the hub wrote: a hub that starts finds the
+/// admission policy as wanted by one read, and writes nothing.
+pub const ANNOTATION_SPEC_HASH: &str = "federation.example.com/spec-hash";
 
 /// A CEL string literal (JSON's escapes are CEL's).
 fn literal(text: &str) -> String {
@@ -223,7 +226,7 @@ pub fn desired_policy(
         "request.namespace != {} && !request.namespace.startsWith(\"kube-\")",
         literal(SYSTEM_NAMESPACE)
     );
-    Some(MutatingAdmissionPolicy {
+    let mut policy = MutatingAdmissionPolicy {
         metadata: metadata(),
         spec: Some(MutatingAdmissionPolicySpec {
             // Never in the way of a create: the hub adds what this did not.
@@ -256,7 +259,17 @@ pub fn desired_policy(
             }]),
             ..Default::default()
         }),
-    })
+    };
+    let hash = crate::hub::federation::placement::stable_hash(
+        &serde_json::to_string(&policy.spec).unwrap_or_default(),
+        NAME,
+    );
+    policy
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(ANNOTATION_SPEC_HASH.to_string(), format!("{hash:016x}"));
+    Some(policy)
 }
 
 /// The binding that puts the admission policy in force everywhere it matches.
@@ -297,24 +310,26 @@ impl Changes {
     }
 }
 
-/// What the hub last wrote (or found the API server unable to serve).
+/// What the hub last wrote, or found in place.
 #[derive(Clone, Debug, PartialEq)]
 enum Written {
     Nothing,
     Policy(Box<MutatingAdmissionPolicy>),
     Deleted,
-    Unserved,
 }
 
 /// Keeps the admission policy in step with the policies until shutdown: computed by
 /// `desired` (from the policies the controller's stores hold) a moment after each
 /// change, written only when it differs from what was last written. With `enabled`
-/// false it is deleted once and left alone.
+/// false it is deleted once and left alone. What the hub finds in place when it starts
+/// (one read of each object) counts as written, by the hash of its spec: a restarted hub
+/// writes nothing. `count_write` hears of every write.
 pub async fn run(
     hub: Client,
     changes: Arc<Changes>,
     enabled: bool,
     desired: impl Fn() -> Option<Option<MutatingAdmissionPolicy>> + Send,
+    count_write: impl Fn() + Send + Sync,
     shutdown: CancellationToken,
 ) {
     let mut written = Written::Nothing;
@@ -323,7 +338,7 @@ pub async fn run(
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = changes.notify.notified() => {}
-            _ = tokio::time::sleep(retry.unwrap_or(Duration::MAX / 4)), if retry.is_some() => {}
+            _ = tokio::time::sleep(retry.unwrap_or(RETRY)), if retry.is_some() => {}
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -335,42 +350,89 @@ pub async fn run(
             continue;
         };
         retry = None;
-        if written == Written::Unserved {
-            continue;
+        if written == Written::Nothing {
+            match in_place(&hub).await {
+                Ok(found) => written = found,
+                Err(error) => {
+                    tracing::warn!(policy = NAME, %error, "cannot read the MutatingAdmissionPolicy that adds the cleanup finalizer on create; the hub adds the finalizer itself meanwhile");
+                    retry = Some(RETRY);
+                    continue;
+                }
+            }
         }
         let outcome = match wanted {
-            Some(policy) if written != Written::Policy(Box::new(policy.clone())) => {
-                apply(&hub, &policy)
-                    .await
-                    .map(|()| Written::Policy(Box::new(policy)))
+            Some(policy) if !same_spec(&written, &policy) => apply(&hub, &policy, &count_write)
+                .await
+                .map(|()| Written::Policy(Box::new(policy))),
+            None if written != Written::Deleted => {
+                delete(&hub, &count_write).await.map(|()| Written::Deleted)
             }
-            None if written != Written::Deleted => delete(&hub).await.map(|()| Written::Deleted),
             _ => continue,
         };
         match outcome {
             Ok(now) => written = now,
             Err(error) if classify(&error) == ApiErrorKind::NotFound => {
+                // An apply creates what is missing: a 404 is the API itself missing.
                 tracing::info!(
                     "the hub API server does not serve admissionregistration.k8s.io/v1 MutatingAdmissionPolicy; the hub adds the cleanup finalizer itself"
                 );
-                written = Written::Unserved;
+                return;
             }
             Err(error) => {
-                tracing::warn!(policy = NAME, %error, "cannot write the MutatingAdmissionPolicy that adds the cleanup finalizer on create; the hub adds it itself meanwhile");
+                tracing::warn!(policy = NAME, %error, "cannot write the MutatingAdmissionPolicy that adds the cleanup finalizer on create; the hub adds the finalizer itself meanwhile");
                 retry = Some(RETRY);
             }
         }
     }
 }
 
-async fn apply(hub: &Client, policy: &MutatingAdmissionPolicy) -> Result<(), kube::Error> {
+fn spec_hash(policy: &MutatingAdmissionPolicy) -> Option<&String> {
+    policy
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(ANNOTATION_SPEC_HASH)
+}
+
+/// Whether what was written (or found) is `policy`, by the hash of its spec.
+fn same_spec(written: &Written, policy: &MutatingAdmissionPolicy) -> bool {
+    matches!(written, Written::Policy(w) if spec_hash(w).is_some() && spec_hash(w) == spec_hash(policy))
+}
+
+/// What the hub API server holds: the policy with the binding the hub writes, neither
+/// (Deleted; also when it does not serve the API), or anything else (Nothing: to be
+/// written).
+async fn in_place(hub: &Client) -> Result<Written, kube::Error> {
+    let policy = Api::<MutatingAdmissionPolicy>::all(hub.clone())
+        .get_opt(NAME)
+        .await?;
+    let binding = Api::<MutatingAdmissionPolicyBinding>::all(hub.clone())
+        .get_opt(NAME)
+        .await?;
+    let bound = binding.is_some_and(|b| {
+        b.spec.and_then(|s| s.policy_name) == desired_binding().spec.and_then(|s| s.policy_name)
+    });
+    Ok(match policy {
+        None if !bound => Written::Deleted,
+        Some(policy) if bound => Written::Policy(Box::new(policy)),
+        _ => Written::Nothing,
+    })
+}
+
+async fn apply(
+    hub: &Client,
+    policy: &MutatingAdmissionPolicy,
+    count_write: &impl Fn(),
+) -> Result<(), kube::Error> {
     let params = PatchParams::apply(FIELD_MANAGER).force();
     Api::<MutatingAdmissionPolicy>::all(hub.clone())
         .patch(NAME, &params, &Patch::Apply(policy))
         .await?;
+    count_write();
     Api::<MutatingAdmissionPolicyBinding>::all(hub.clone())
         .patch(NAME, &params, &Patch::Apply(&desired_binding()))
         .await?;
+    count_write();
     tracing::info!(
         policy = NAME,
         "the API server adds the cleanup finalizer to templates the policies select when they are created"
@@ -379,23 +441,26 @@ async fn apply(hub: &Client, policy: &MutatingAdmissionPolicy) -> Result<(), kub
 }
 
 /// Deletes the binding and the policy; what is not there is deleted already.
-async fn delete(hub: &Client) -> Result<(), kube::Error> {
-    fn gone<T>(result: Result<T, kube::Error>) -> Result<(), kube::Error> {
+async fn delete(hub: &Client, count_write: &impl Fn()) -> Result<(), kube::Error> {
+    let gone = |result: Result<_, kube::Error>| -> Result<(), kube::Error> {
+        count_write();
         match result {
             Ok(_) => Ok(()),
             Err(error) if classify(&error) == ApiErrorKind::NotFound => Ok(()),
             Err(error) => Err(error),
         }
-    }
+    };
     gone(
         Api::<MutatingAdmissionPolicyBinding>::all(hub.clone())
             .delete(NAME, &DeleteParams::default())
-            .await,
+            .await
+            .map(|_| ()),
     )?;
     gone(
         Api::<MutatingAdmissionPolicy>::all(hub.clone())
             .delete(NAME, &DeleteParams::default())
-            .await,
+            .await
+            .map(|_| ()),
     )
 }
 
@@ -581,5 +646,28 @@ mod tests {
             desired_binding().spec.unwrap().policy_name.as_deref(),
             Some(NAME)
         );
+    }
+
+    #[test]
+    fn the_spec_hash_tells_a_starting_hub_whether_to_write() {
+        let web = spec(vec![selector("Deployment", Some("web"), None)]);
+        let api = spec(vec![selector("Deployment", Some("api"), None)]);
+        let first = desired_policy(&[in_shop(&web)], &deployments()).unwrap();
+        let again = desired_policy(&[in_shop(&web)], &deployments()).unwrap();
+        let other = desired_policy(&[in_shop(&api)], &deployments()).unwrap();
+        assert!(spec_hash(&first).is_some());
+        assert_eq!(spec_hash(&first), spec_hash(&again));
+        assert_ne!(spec_hash(&first), spec_hash(&other));
+        let found = Written::Policy(Box::new(first.clone()));
+        assert!(same_spec(&found, &again), "found as wanted: no write");
+        assert!(!same_spec(&found, &other), "selectors changed: written");
+        let mut unmarked = first;
+        unmarked.metadata.annotations = None;
+        assert!(
+            !same_spec(&Written::Policy(Box::new(unmarked)), &again),
+            "one not written by this hub is written again"
+        );
+        assert!(!same_spec(&Written::Nothing, &again));
+        assert!(!same_spec(&Written::Deleted, &again));
     }
 }

@@ -425,6 +425,7 @@ async fn run_kinds(
     // The finalizer's admission policy follows the policies.
     {
         let context = context.clone();
+        let counting = context.clone();
         let resources: Vec<kube::api::ApiResource> =
             context.kinds.iter().map(|(ar, _)| ar.clone()).collect();
         finalizer_changes.touch();
@@ -440,6 +441,7 @@ async fn run_kinds(
                 let candidates = context::candidates(&policies, &cluster_policies);
                 Some(finalizer_policy::desired_policy(&candidates, &resources))
             },
+            move || counting.count_write("admission_policy"),
             shutdown.clone(),
         )));
     }
