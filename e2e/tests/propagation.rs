@@ -869,7 +869,7 @@ async fn a_selected_template_gets_its_finalizer_from_the_api_server_on_create() 
     use bulkhead::hub::federation::finalizer_policy::NAME;
     use k8s_openapi::api::admissionregistration::v1::MutatingAdmissionPolicy;
 
-    let federation = Federation::start("prop-fin", &[]).await?;
+    let mut federation = Federation::start("prop-fin", &[]).await?;
     let selector = json!([{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web-*"}]);
     federation
         .apply(
@@ -919,6 +919,24 @@ async fn a_selected_template_gets_its_finalizer_from_the_api_server_on_create() 
         },
     )
     .await?;
+
+    // A hub that starts finds it as wanted and writes nothing.
+    let written = admission.get(NAME).await?.metadata.resource_version;
+    federation.kill_hub();
+    federation.start_hub()?;
+    federation.wait_settled(Duration::from_secs(60)).await?;
+    assert_eq!(
+        admission.get(NAME).await?.metadata.resource_version,
+        written,
+        "a restarted hub leaves the admission policy alone"
+    );
+    assert_eq!(
+        federation
+            .hub_counter("bulkhead_hub_writes_total", "what=\"admission_policy\"")
+            .await?,
+        0.0,
+        "a restarted hub writes no admission policy"
+    );
 
     let created = api
         .create(&PostParams::default(), &object("web-1")?)
