@@ -15,12 +15,15 @@
 //!
 //! What it matches is the policies' selectors written as one CEL condition ([`selected`]):
 //! group and kind, the namespace a policy reaches, the name (exact or glob pattern) or
-//! the label selector, never in `bulkhead-system` or a `kube-*` namespace. It over-selects
-//! nothing the hub would not reconcile: a template any selector matches is one the hub
-//! places, and the hub removes the finalizer once the template is deleted and its copies
-//! are gone. The hub keeps the policy in step with the policies (a quarter second after a
-//! change) and deletes it when no policy selects a federated kind. `--finalizer-admission-policy=false`
-//! turns it off (and the hub deletes it).
+//! the label selector, never in `bulkhead-system` or a `kube-*` namespace. A template any
+//! selector matches is one the hub places, and the hub removes the finalizer once the
+//! template is deleted and its copies are gone. The one exception, a template created in
+//! the moment its policy goes, loses the finalizer again as soon as the hub sees nothing
+//! to clean up (`reconcile::nothing_to_clean_up`). The hub keeps the admission policy in
+//! step with the policies (a quarter second after a change), deletes it when no policy
+//! selects a federated kind, and reads it once when it starts instead of rewriting it
+//! (a spec-hash annotation). `--finalizer-admission-policy=false` turns it off (and the
+//! hub deletes it).
 
 use std::sync::Arc;
 use std::time::Duration;
