@@ -8,7 +8,7 @@ use std::time::Duration;
 use std::collections::BTreeMap;
 
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::ListParams;
 
@@ -205,6 +205,53 @@ pub async fn ready_endpoints(client: &Client, ns: &str, service: &str) -> Result
         .flat_map(|s| s.endpoints.iter().flatten())
         .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
         .count())
+}
+
+/// What a namespace's pods and the cluster's nodes say about readiness, for a failure
+/// message: each pod's phase and Ready condition, each node's Ready condition.
+pub async fn readiness_report(client: &Client, ns: &str) -> Result<String> {
+    fn ready(conditions: Option<Vec<(String, String, Option<String>)>>) -> String {
+        conditions
+            .unwrap_or_default()
+            .into_iter()
+            .find(|(kind, _, _)| kind == "Ready")
+            .map(|(_, status, reason)| format!("Ready={status} {}", reason.unwrap_or_default()))
+            .unwrap_or_else(|| "no Ready condition".to_string())
+    }
+    let pods = Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await?;
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await?;
+    let mut lines = Vec::new();
+    for pod in pods.items {
+        let status = pod.status.unwrap_or_default();
+        let conditions = status.conditions.map(|cs| {
+            cs.into_iter()
+                .map(|c| (c.type_, c.status, c.reason))
+                .collect()
+        });
+        lines.push(format!(
+            "pod {} {} {}",
+            pod.metadata.name.unwrap_or_default(),
+            status.phase.unwrap_or_default(),
+            ready(conditions)
+        ));
+    }
+    for node in nodes.items {
+        let conditions = node.status.and_then(|s| s.conditions).map(|cs| {
+            cs.into_iter()
+                .map(|c| (c.type_, c.status, c.reason))
+                .collect()
+        });
+        lines.push(format!(
+            "node {} {}",
+            node.metadata.name.unwrap_or_default(),
+            ready(conditions)
+        ));
+    }
+    Ok(lines.join("; "))
 }
 
 /// Waits until a Service has exactly `count` ready endpoints.

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use bulkhead::api::mydatabase::DatabasePhase;
 use bulkhead::api::{MemberCluster, is_condition_true};
-use bulkhead_e2e::agent_support::{config_read_only, pods, ready_endpoints};
+use bulkhead_e2e::agent_support::{
+    config_read_only, pods, readiness_report, ready_endpoints, wait_endpoints,
+};
 use bulkhead_e2e::federation::{
     Copy, Federation, LEASE_DURATION_SECONDS, binding_replicas, databases, deployments, ready_at,
     statefulsets,
@@ -178,11 +180,19 @@ async fn a_zone_partition_moves_stateless_replicas_and_fences_the_database() -> 
         0,
         "no writer"
     );
-    assert_eq!(
-        ready_endpoints(east, &federation.namespace, "orders-ro").await?,
-        1,
-        "reads go on"
-    );
+    // Reads go on. The member's EndpointSlice controller follows pod readiness on its own
+    // schedule, so a moment's lag on a loaded machine is waited out (30 s); a pod that
+    // stopped being Ready fails here with what the pods and nodes said.
+    let ro_now = ready_endpoints(east, &federation.namespace, "orders-ro").await?;
+    if ro_now != 1 {
+        println!(
+            "orders-ro had {ro_now} ready endpoints when east was fenced; {}",
+            readiness_report(east, &federation.namespace).await?
+        );
+    }
+    wait_endpoints(east, &federation.namespace, "orders-ro", 1)
+        .await
+        .context("reads go on")?;
     assert_eq!(
         database_pods(&federation, "east").await?,
         east_pods,
