@@ -425,12 +425,24 @@ async fn duplicated_kinds_conflicts_and_cleanup_during_a_partition() -> Result<(
         "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "taken", "namespace": ns}, "data": {"owner": "someone else"}
     }))?;
     north_api.create(&PostParams::default(), &theirs).await?;
+    // Another one labelled as managed by someone else: the hub lists a namespace's
+    // conflicts with `managed-by!=bulkhead`, which must match it too.
+    let labelled: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "taken-labelled", "namespace": ns,
+                     "labels": {bulkhead::api::LABEL_MANAGED_BY: "someone-else"}},
+        "data": {"owner": "someone else"}
+    }))?;
+    north_api.create(&PostParams::default(), &labelled).await?;
     federation
         .apply(
             &policies(),
             federation.policy(
                 "taken",
-                json!([{"apiVersion": "v1", "kind": "ConfigMap", "name": "taken"}]),
+                json!([
+                    {"apiVersion": "v1", "kind": "ConfigMap", "name": "taken"},
+                    {"apiVersion": "v1", "kind": "ConfigMap", "name": "taken-labelled"}
+                ]),
                 json!({}),
                 json!({"conflictResolution": "Abort"}),
             ),
@@ -462,6 +474,32 @@ async fn duplicated_kinds_conflicts_and_cleanup_during_a_partition() -> Result<(
     assert_eq!(
         (propagated.status.as_str(), propagated.reason.as_str()),
         ("False", "Conflict")
+    );
+    federation
+        .apply(&config_maps(), json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "taken-labelled"}, "data": {"owner": "hub"}}))
+        .await?;
+    federation
+        .wait_row(
+            "taken-labelled-configmap",
+            "north",
+            "a conflict with an object another manager labelled",
+            Duration::from_secs(30),
+            |r| {
+                !r.applied
+                    && r.message
+                        .as_deref()
+                        .is_some_and(|m| m.contains("not managed by Bulkhead"))
+            },
+        )
+        .await?;
+    let untouched_labelled = north_api.get("taken-labelled").await?;
+    assert_eq!(untouched_labelled.data["data"]["owner"], "someone else");
+    assert_eq!(
+        untouched_labelled
+            .labels()
+            .get(bulkhead::api::LABEL_MANAGED_BY)
+            .map(String::as_str),
+        Some("someone-else")
     );
     let untouched = north_api.get("taken").await?;
     assert_eq!(untouched.data["data"]["owner"], "someone else");

@@ -362,13 +362,20 @@ pub type Written<K> = Arc<Mutex<HashMap<ObjectKey, Arc<K>>>>;
 /// Whether `seen`, just delivered by a watch, is the hub's own last write of `key`'s
 /// object coming back: the reconcile that wrote it already went on from what was
 /// written, so it is no cause for work (another writer's change has another
-/// resourceVersion).
+/// resourceVersion). The watch's store has `seen` by now, so once it is at least as new
+/// as the write the response is forgotten here: a settled hub keeps no write responses
+/// (they were its history, one binding and one template per template written).
 pub fn is_echo<K: Resource>(memo: &Written<K>, key: &ObjectKey, seen: &K) -> bool {
-    let memo = memo.lock().unwrap_or_else(|p| p.into_inner());
-    memo.get(key).is_some_and(|written| {
-        written.meta().resource_version.is_some()
-            && written.meta().resource_version == seen.meta().resource_version
-    })
+    let mut memo = memo.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(written) = memo.get(key) else {
+        return false;
+    };
+    let echo = written.meta().resource_version.is_some()
+        && written.meta().resource_version == seen.meta().resource_version;
+    if caught_up(seen.meta(), written.meta()) {
+        memo.remove(key);
+    }
+    echo
 }
 
 /// The fresher of a store's object and a write's response; forgets the response once
@@ -813,6 +820,51 @@ mod tests {
             },
             weight,
         }
+    }
+
+    fn object(uid: &str, resource_version: &str) -> DynamicObject {
+        let mut o = DynamicObject::new(
+            "web",
+            &ApiResource::erase::<k8s_openapi::api::apps::v1::Deployment>(&()),
+        );
+        o.metadata.uid = Some(uid.into());
+        o.metadata.resource_version = Some(resource_version.into());
+        o
+    }
+
+    #[test]
+    fn a_write_response_is_an_echo_once_and_forgotten_when_the_watch_caught_up() {
+        let memo: Written<DynamicObject> = Written::default();
+        let key = ObjectKey {
+            kind: 0,
+            namespace: "shop".into(),
+            name: "web".into(),
+        };
+        let held = |memo: &Written<DynamicObject>| memo.lock().unwrap().contains_key(&key);
+        // Nothing written: nothing is an echo.
+        assert!(!is_echo(&memo, &key, &object("u1", "10")));
+        memo.lock()
+            .unwrap()
+            .insert(key.clone(), Arc::new(object("u1", "12")));
+        // An older event (another writer's change before ours) is news, and the
+        // response stays until the watch reaches it.
+        assert!(!is_echo(&memo, &key, &object("u1", "11")));
+        assert!(held(&memo));
+        // Our own write coming back: an echo, and the response is history now.
+        assert!(is_echo(&memo, &key, &object("u1", "12")));
+        assert!(!held(&memo));
+        // A later change by someone else passed ours: news, and forgotten as well.
+        memo.lock()
+            .unwrap()
+            .insert(key.clone(), Arc::new(object("u1", "20")));
+        assert!(!is_echo(&memo, &key, &object("u1", "21")));
+        assert!(!held(&memo));
+        // A new object of the same name (another UID) makes the response history too.
+        memo.lock()
+            .unwrap()
+            .insert(key.clone(), Arc::new(object("u1", "30")));
+        assert!(!is_echo(&memo, &key, &object("u2", "5")));
+        assert!(!held(&memo));
     }
 
     #[test]

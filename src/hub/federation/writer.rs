@@ -196,13 +196,19 @@ pub struct CopyState {
 /// the hub's copies, with their metadata as JSON.
 type Listed = (Instant, HashMap<String, Value>);
 
+/// A (kind, namespace) of a member: what one conflict list covers.
+type Slot = (usize, String);
+
 struct MemberWriter {
     cluster: String,
     queue: WorkQueue<ObjectKey>,
     records: Mutex<HashMap<ObjectKey, Record>>,
     /// (kind, namespace) -> when listed, and the names there that are not the hub's
     /// copies with their metadata as JSON.
-    listed: Mutex<HashMap<(usize, String), Listed>>,
+    listed: Mutex<HashMap<Slot, Listed>>,
+    /// (kind, namespace) -> the turn to list it: a burst's workers wait for the one list
+    /// in flight and read its answer instead of each listing the namespace.
+    listing: Mutex<HashMap<Slot, Arc<tokio::sync::Mutex<()>>>>,
     namespaces: Mutex<HashSet<String>>,
 }
 
@@ -275,6 +281,7 @@ impl Writers {
             queue: WorkQueue::default(),
             records: Mutex::default(),
             listed: Mutex::default(),
+            listing: Mutex::default(),
             namespaces: Mutex::default(),
         });
         for _ in 0..WORKERS_PER_MEMBER {
@@ -651,7 +658,8 @@ async fn execute(
 }
 
 /// The object of `key`'s name in the member when it is not one of the hub's copies, from
-/// a recent metadata-only list of its namespace.
+/// a recent metadata-only list of its namespace. One list per (kind, namespace) at a
+/// time: workers that need it while it is in flight wait for it and read its answer.
 async fn existing_unmanaged(
     inner: &Inner,
     writer: &MemberWriter,
@@ -659,46 +667,33 @@ async fn existing_unmanaged(
     api: &Api<DynamicObject>,
 ) -> Result<Option<Value>, kube::Error> {
     let slot = (key.kind, key.namespace.clone());
-    {
+    let cached = || {
         let listed = writer.listed.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((at, names)) = listed.get(&slot)
-            && at.elapsed() < LIST_VALID
-        {
-            return Ok(names.get(&key.name).cloned());
-        }
+        listed
+            .get(&slot)
+            .filter(|(at, _)| at.elapsed() < LIST_VALID)
+            .map(|(_, names)| names.get(&key.name).cloned())
+    };
+    if let Some(found) = cached() {
+        return Ok(found);
     }
-    let list = api.list_metadata(&ListParams::default()).await;
-    (inner.count_call)(&writer.cluster, "list", list.is_ok());
-    let list = list?;
+    let turn = writer
+        .listing
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .entry(slot.clone())
+        .or_default()
+        .clone();
+    let _turn = turn.lock().await;
+    if let Some(found) = cached() {
+        return Ok(found);
+    }
     let kind = inner
         .kinds
         .get(key.kind)
         .map(|(r, _)| r.kind.clone())
         .unwrap_or_default();
-    let names: HashMap<String, Value> = list
-        .items
-        .into_iter()
-        .filter(|o| {
-            o.metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(LABEL_MANAGED_BY))
-                .map(String::as_str)
-                != Some(MANAGED_BY)
-        })
-        .map(|o| {
-            let name = o.metadata.name.clone().unwrap_or_default();
-            let value = json!({
-                "kind": kind,
-                "metadata": {
-                    "name": name,
-                    "namespace": key.namespace,
-                    "labels": o.metadata.labels,
-                },
-            });
-            (name, value)
-        })
-        .collect();
+    let names = list_unmanaged(inner, writer, api, &kind, &key.namespace).await?;
     let found = names.get(&key.name).cloned();
     writer
         .listed
@@ -706,6 +701,63 @@ async fn existing_unmanaged(
         .unwrap_or_else(|p| p.into_inner())
         .insert(slot, (Instant::now(), names));
     Ok(found)
+}
+
+/// Objects a list of a namespace's conflicts asks for per page.
+const CONFLICT_LIST_PAGE: u32 = 500;
+
+/// The label selector of the objects that are not the hub's copies: without the label or
+/// with another value (`!=` matches both). The API server filters, so a namespace that
+/// holds only the hub's copies answers with an empty list, however many copies it holds.
+fn unmanaged_selector() -> String {
+    format!("{LABEL_MANAGED_BY}!={MANAGED_BY}")
+}
+
+/// Names and metadata (as JSON) of the namespace's objects that are not the hub's copies,
+/// read page by page.
+async fn list_unmanaged(
+    inner: &Inner,
+    writer: &MemberWriter,
+    api: &Api<DynamicObject>,
+    kind: &str,
+    namespace: &str,
+) -> Result<HashMap<String, Value>, kube::Error> {
+    let mut names = HashMap::new();
+    let mut params = ListParams::default()
+        .labels(&unmanaged_selector())
+        .limit(CONFLICT_LIST_PAGE);
+    loop {
+        let page = api.list_metadata(&params).await;
+        (inner.count_call)(&writer.cluster, "list", page.is_ok());
+        let page = page?;
+        let next = page.metadata.continue_.clone().filter(|c| !c.is_empty());
+        for o in page.items {
+            // The server filtered already; this keeps the rule in one place if it did not.
+            if o.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(LABEL_MANAGED_BY))
+                .map(String::as_str)
+                == Some(MANAGED_BY)
+            {
+                continue;
+            }
+            let name = o.metadata.name.clone().unwrap_or_default();
+            let value = json!({
+                "kind": kind,
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "labels": o.metadata.labels,
+                },
+            });
+            names.insert(name, value);
+        }
+        match next {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(names),
+        }
+    }
 }
 
 async fn apply(
