@@ -209,6 +209,9 @@ struct MemberWriter {
     /// (kind, namespace) -> the turn to list it: a burst's workers wait for the one list
     /// in flight and read its answer instead of each listing the namespace.
     listing: Mutex<HashMap<Slot, Arc<tokio::sync::Mutex<()>>>>,
+    /// (kind, namespace) -> when its last list failed, and why: workers that waited for
+    /// that list fail with it instead of each listing an unreachable member in turn.
+    list_failed: Mutex<HashMap<Slot, (Instant, String)>>,
     namespaces: Mutex<HashSet<String>>,
 }
 
@@ -282,6 +285,7 @@ impl Writers {
             records: Mutex::default(),
             listed: Mutex::default(),
             listing: Mutex::default(),
+            list_failed: Mutex::default(),
             namespaces: Mutex::default(),
         });
         for _ in 0..WORKERS_PER_MEMBER {
@@ -635,12 +639,11 @@ async fn execute(
                         Ownership::Apply => {}
                     },
                     Ok(None) => {}
-                    Err(error) => {
+                    Err(why) => {
                         return (
                             Outcome::Failed(format!(
-                                "cannot list the {} objects in {cluster}: {}",
+                                "cannot list the {} objects in {cluster}: {why}",
                                 resource.kind,
-                                short(&error)
                             )),
                             None,
                             true,
@@ -665,7 +668,7 @@ async fn existing_unmanaged(
     writer: &MemberWriter,
     key: &ObjectKey,
     api: &Api<DynamicObject>,
-) -> Result<Option<Value>, kube::Error> {
+) -> Result<Option<Value>, String> {
     let slot = (key.kind, key.namespace.clone());
     let cached = || {
         let listed = writer.listed.lock().unwrap_or_else(|p| p.into_inner());
@@ -684,16 +687,38 @@ async fn existing_unmanaged(
         .entry(slot.clone())
         .or_default()
         .clone();
+    let waited_from = Instant::now();
     let _turn = turn.lock().await;
     if let Some(found) = cached() {
         return Ok(found);
+    }
+    let failed_meanwhile = writer
+        .list_failed
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&slot)
+        .filter(|(at, _)| *at >= waited_from)
+        .map(|(_, why)| why.clone());
+    if let Some(why) = failed_meanwhile {
+        return Err(why);
     }
     let kind = inner
         .kinds
         .get(key.kind)
         .map(|(r, _)| r.kind.clone())
         .unwrap_or_default();
-    let names = list_unmanaged(inner, writer, api, &kind, &key.namespace).await?;
+    let names = match list_unmanaged(inner, writer, api, &kind, &key.namespace).await {
+        Ok(names) => names,
+        Err(error) => {
+            let why = short(&error);
+            writer
+                .list_failed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(slot, (Instant::now(), why.clone()));
+            return Err(why);
+        }
+    };
     let found = names.get(&key.name).cloned();
     writer
         .listed
@@ -1113,6 +1138,105 @@ mod tests {
         // The same op again is not written again (it is done, and recent).
         assert!(!writers.want("east", &key(), apply(true), REWRITE));
         assert_eq!(writers.pending(), 0);
+    }
+
+    /// The next request, which must be the conflict list of shop's ConfigMaps: returns
+    /// its query and the reply handle.
+    async fn next_list(
+        server: &mut Handle,
+    ) -> (String, tower_test::mock::SendResponse<http::Response<Body>>) {
+        let (request, reply) = server.next_request().await.unwrap();
+        assert_eq!(request.method(), http::Method::GET);
+        assert_eq!(request.uri().path(), "/api/v1/namespaces/shop/configmaps");
+        (request.uri().query().unwrap_or_default().to_string(), reply)
+    }
+
+    fn other() -> ObjectKey {
+        ObjectKey {
+            name: "other".into(),
+            ..key()
+        }
+    }
+
+    async fn nothing_sent(server: &mut Handle) -> bool {
+        tokio::time::timeout(Duration::from_millis(100), server.next_request())
+            .await
+            .is_err()
+    }
+
+    #[tokio::test]
+    async fn a_burst_into_one_namespace_waits_for_one_paged_list_of_what_is_not_the_hubs() {
+        let (writers, mut server, mut completed) = writers_with_mock();
+        writers.want("east", &key(), apply(true), REWRITE);
+        writers.want("east", &other(), apply(true), REWRITE);
+        // The API server filters: only objects without the managed-by label or with
+        // another value, 500 a page.
+        let (query, reply) = next_list(&mut server).await;
+        assert!(
+            query.contains("labelSelector=federation.example.com%2Fmanaged-by%21%3Dbulkhead"),
+            "{query}"
+        );
+        assert!(query.contains("limit=500"), "{query}");
+        // The second copy's worker waits for this list instead of sending its own.
+        assert!(nothing_sent(&mut server).await);
+        respond(
+            reply,
+            200,
+            json!({"apiVersion": "v1", "kind": "PartialObjectMetadataList", "metadata": {"continue": "page-2"}, "items": []}),
+        );
+        let (query, reply) = next_list(&mut server).await;
+        assert!(query.contains("continue=page-2"), "{query}");
+        respond(
+            reply,
+            200,
+            json!({"apiVersion": "v1", "kind": "PartialObjectMetadataList", "metadata": {},
+                   "items": [{"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                              "metadata": {"name": "other", "namespace": "shop", "labels": {LABEL_MANAGED_BY: "someone-else"}}}]}),
+        );
+        // One copy is applied; the other is a conflict found on the second page, with no
+        // list of its own.
+        let (request, reply) = server.next_request().await.unwrap();
+        assert_eq!(request.method(), http::Method::PATCH);
+        assert_eq!(
+            request.uri().path(),
+            "/api/v1/namespaces/shop/configmaps/settings"
+        );
+        respond(reply, 200, config_map("7"));
+        let mut outcomes = vec![
+            completed.recv().await.unwrap(),
+            completed.recv().await.unwrap(),
+        ];
+        outcomes.sort_by(|a, b| a.key.name.cmp(&b.key.name));
+        assert!(
+            matches!(&outcomes[0].outcome, Outcome::Conflict(m) if m.contains("not managed by Bulkhead")),
+            "{:?}",
+            outcomes[0]
+        );
+        assert_eq!(outcomes[1].outcome, Outcome::Done);
+        assert!(nothing_sent(&mut server).await);
+    }
+
+    #[tokio::test]
+    async fn workers_that_waited_for_a_failed_list_fail_with_it_without_listing_again() {
+        let (writers, mut server, mut completed) = writers_with_mock();
+        writers.want("east", &key(), apply(true), REWRITE);
+        writers.want("east", &other(), apply(true), REWRITE);
+        let (_, reply) = next_list(&mut server).await;
+        respond(
+            reply,
+            503,
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "unavailable", "code": 503}),
+        );
+        for _ in 0..2 {
+            let done = completed.recv().await.unwrap();
+            assert!(
+                matches!(&done.outcome, Outcome::Failed(m) if m.contains("cannot list the ConfigMap objects in east")),
+                "{:?}",
+                done.outcome
+            );
+        }
+        // Both retry later (backoff), not at once.
+        assert!(nothing_sent(&mut server).await);
     }
 
     #[tokio::test]
