@@ -1202,7 +1202,7 @@ mod tests {
             "/api/v1/namespaces/shop/configmaps/settings"
         );
         respond(reply, 200, config_map("7"));
-        let mut outcomes = vec![
+        let mut outcomes = [
             completed.recv().await.unwrap(),
             completed.recv().await.unwrap(),
         ];
