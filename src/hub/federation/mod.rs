@@ -346,9 +346,10 @@ async fn run_kinds(
                         let key = template_key(kind, &o);
                         let body = trigger_bodies.get(&key);
                         let fingerprint = template_fingerprint(&o, body.as_deref());
-                        if seen.insert(key.clone(), fingerprint) == Some(fingerprint)
-                            || is_echo(&template_echoes, &key, &o)
-                        {
+                        // Asked first, always: it also forgets the hub's write response
+                        // once the watch caught up (a status-only change included).
+                        let echo = is_echo(&template_echoes, &key, &o);
+                        if seen.insert(key.clone(), fingerprint) == Some(fingerprint) || echo {
                             // Only its status changed, or it is the hub's own write (its
                             // finalizer) coming back.
                             Trigger::Nothing
