@@ -210,11 +210,12 @@ pub async fn ready_endpoints(client: &Client, ns: &str, service: &str) -> Result
 /// What a namespace's pods and the cluster's nodes say about readiness, for a failure
 /// message: each pod's phase and Ready condition, each node's Ready condition.
 pub async fn readiness_report(client: &Client, ns: &str) -> Result<String> {
-    fn ready(conditions: Option<Vec<(String, String, Option<String>)>>) -> String {
+    /// The Ready condition among (type, status, reason) triples.
+    fn ready<'a>(
+        mut conditions: impl Iterator<Item = (&'a str, &'a str, Option<&'a str>)>,
+    ) -> String {
         conditions
-            .unwrap_or_default()
-            .into_iter()
-            .find(|(kind, _, _)| kind == "Ready")
+            .find(|(kind, _, _)| *kind == "Ready")
             .map(|(_, status, reason)| format!("Ready={status} {}", reason.unwrap_or_default()))
             .unwrap_or_else(|| "no Ready condition".to_string())
     }
@@ -225,30 +226,36 @@ pub async fn readiness_report(client: &Client, ns: &str) -> Result<String> {
         .list(&ListParams::default())
         .await?;
     let mut lines = Vec::new();
-    for pod in pods.items {
-        let status = pod.status.unwrap_or_default();
-        let conditions = status.conditions.map(|cs| {
-            cs.into_iter()
-                .map(|c| (c.type_, c.status, c.reason))
-                .collect()
-        });
+    for pod in &pods.items {
+        let status = pod.status.as_ref();
+        let conditions = status
+            .and_then(|s| s.conditions.as_deref())
+            .unwrap_or_default();
         lines.push(format!(
             "pod {} {} {}",
-            pod.metadata.name.unwrap_or_default(),
-            status.phase.unwrap_or_default(),
-            ready(conditions)
+            pod.metadata.name.as_deref().unwrap_or_default(),
+            status.and_then(|s| s.phase.as_deref()).unwrap_or_default(),
+            ready(conditions.iter().map(|c| (
+                c.type_.as_str(),
+                c.status.as_str(),
+                c.reason.as_deref()
+            )))
         ));
     }
-    for node in nodes.items {
-        let conditions = node.status.and_then(|s| s.conditions).map(|cs| {
-            cs.into_iter()
-                .map(|c| (c.type_, c.status, c.reason))
-                .collect()
-        });
+    for node in &nodes.items {
+        let conditions = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_deref())
+            .unwrap_or_default();
         lines.push(format!(
             "node {} {}",
-            node.metadata.name.unwrap_or_default(),
-            ready(conditions)
+            node.metadata.name.as_deref().unwrap_or_default(),
+            ready(conditions.iter().map(|c| (
+                c.type_.as_str(),
+                c.status.as_str(),
+                c.reason.as_deref()
+            )))
         ));
     }
     Ok(lines.join("; "))

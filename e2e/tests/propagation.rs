@@ -451,18 +451,20 @@ async fn duplicated_kinds_conflicts_and_cleanup_during_a_partition() -> Result<(
     federation
         .apply(&config_maps(), json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "taken"}, "data": {"owner": "hub"}}))
         .await?;
+    // A row that reports the conflict and applied nothing.
+    let conflict = |r: &bulkhead::api::resource_binding::ClusterPlacementStatus| {
+        !r.applied
+            && r.message
+                .as_deref()
+                .is_some_and(|m| m.contains("not managed by Bulkhead"))
+    };
     let binding: ResourceBinding = federation
         .wait_row(
             "taken-configmap",
             "north",
             "a conflict",
             Duration::from_secs(30),
-            |r| {
-                !r.applied
-                    && r.message
-                        .as_deref()
-                        .is_some_and(|m| m.contains("not managed by Bulkhead"))
-            },
+            conflict,
         )
         .await?;
     let propagated = bulkhead::api::find_condition(
@@ -484,12 +486,7 @@ async fn duplicated_kinds_conflicts_and_cleanup_during_a_partition() -> Result<(
             "north",
             "a conflict with an object another manager labelled",
             Duration::from_secs(30),
-            |r| {
-                !r.applied
-                    && r.message
-                        .as_deref()
-                        .is_some_and(|m| m.contains("not managed by Bulkhead"))
-            },
+            conflict,
         )
         .await?;
     let untouched_labelled = north_api.get("taken-labelled").await?;
