@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -27,6 +27,7 @@ use crate::hub::federation::kinds::{hub_cluster_view, is_refused_duplicate};
 use crate::hub::federation::matching::{PolicyCandidate, PolicyScope};
 use crate::hub::federation::placement::{ClusterView, StaticWeights};
 use crate::hub::federation::queue::WorkQueue;
+use crate::hub::federation::text_store::TextStore;
 use crate::hub::federation::writer::{ObjectKey, Writers};
 use crate::hub::membership::zones::HubHealth;
 use crate::metrics::Metrics;
@@ -188,9 +189,10 @@ pub(super) struct Stores {
     pub override_policies: Store<OverridePolicy>,
     pub cluster_override_policies: Store<ClusterOverridePolicy>,
     pub members: Store<MemberCluster>,
-    pub bindings: Store<ResourceBinding>,
+    /// Bindings and templates are many (one each per template): kept as text.
+    pub bindings: TextStore<ResourceBinding>,
     /// By kind index (the order of `Context::kinds`).
-    pub templates: Vec<Store<DynamicObject>>,
+    pub templates: Vec<TextStore<DynamicObject>>,
 }
 
 fn is_ready<K>(store: &Store<K>) -> bool
@@ -210,8 +212,8 @@ impl Stores {
             && is_ready(&self.override_policies)
             && is_ready(&self.cluster_override_policies)
             && is_ready(&self.members)
-            && is_ready(&self.bindings)
-            && self.templates.iter().all(is_ready)
+            && self.bindings.ready()
+            && self.templates.iter().all(TextStore::ready)
     }
 }
 
@@ -378,6 +380,26 @@ pub fn is_echo<K: Resource>(memo: &Written<K>, key: &ObjectKey, seen: &K) -> boo
     echo
 }
 
+/// Keeps a write's response for [`is_echo`] and [`fresher`], unless the watch has
+/// delivered it (or something newer) already: a response that comes back after its own
+/// watch event would otherwise stay for good, as no later event forgets it. `seen` reads
+/// the store under the memo's lock; the watch applies an event to its store before it
+/// asks `is_echo` (which takes that lock), so either `seen` shows the write here or
+/// `is_echo` finds it in the memo.
+fn remember<K: Resource>(
+    memo: &Mutex<HashMap<ObjectKey, Arc<K>>>,
+    key: &ObjectKey,
+    written: K,
+    seen: impl FnOnce() -> Option<Arc<K>>,
+) {
+    let mut memo = memo.lock().unwrap_or_else(|p| p.into_inner());
+    if seen().is_some_and(|seen| caught_up(seen.meta(), written.meta())) {
+        memo.remove(key);
+    } else {
+        memo.insert(key.clone(), Arc::new(written));
+    }
+}
+
 /// The fresher of a store's object and a write's response; forgets the response once
 /// the store has caught up.
 fn fresher<K: Resource>(
@@ -446,7 +468,7 @@ pub(super) fn slim_template(
         api_version: resource.api_version.clone(),
         kind: resource.kind.clone(),
     });
-    object.managed_fields_mut().clear();
+    object.metadata.managed_fields = None;
     object
         .annotations_mut()
         .remove("kubectl.kubernetes.io/last-applied-configuration");
@@ -508,9 +530,11 @@ impl Context {
 
     /// The template of `key`, as fresh as the hub knows it.
     pub fn template(&self, key: &ObjectKey) -> Option<Arc<DynamicObject>> {
-        let (resource, _) = self.kinds.get(key.kind)?;
-        let seen = self.stores.templates[key.kind]
-            .get(&ObjectRef::new_with(&key.name, resource.clone()).within(&key.namespace));
+        let seen = self
+            .stores
+            .templates
+            .get(key.kind)?
+            .get(&key.namespace, &key.name);
         fresher(&self.written_templates, key, seen)
     }
 
@@ -519,27 +543,27 @@ impl Context {
             return;
         };
         slim_template(&mut written, kind, key.kind, &self.bodies);
-        self.written_templates
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key.clone(), Arc::new(written));
+        remember(&self.written_templates, key, written, || {
+            self.stores
+                .templates
+                .get(key.kind)?
+                .get(&key.namespace, &key.name)
+        });
     }
 
     /// The binding of `key`'s template, as fresh as the hub knows it.
     pub fn binding(&self, key: &ObjectKey, name: &str) -> Option<Arc<ResourceBinding>> {
-        let seen = self
-            .stores
-            .bindings
-            .get(&ObjectRef::new(name).within(&key.namespace));
+        let seen = self.stores.bindings.get(&key.namespace, name);
         fresher(&self.written_bindings, key, seen)
     }
 
     pub fn remember_binding(&self, key: &ObjectKey, mut written: ResourceBinding) {
-        written.managed_fields_mut().clear();
-        self.written_bindings
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key.clone(), Arc::new(written));
+        written.metadata.managed_fields = None;
+        let namespace = written.metadata.namespace.clone().unwrap_or_default();
+        let name = written.name_any();
+        remember(&self.written_bindings, key, written, || {
+            self.stores.bindings.get(&namespace, &name)
+        });
     }
 
     /// Every policy, as candidates for matching.
@@ -832,14 +856,18 @@ mod tests {
         o
     }
 
-    #[test]
-    fn a_write_response_is_an_echo_once_and_forgotten_when_the_watch_caught_up() {
-        let memo: Written<DynamicObject> = Written::default();
-        let key = ObjectKey {
+    fn web_key() -> ObjectKey {
+        ObjectKey {
             kind: 0,
             namespace: "shop".into(),
             name: "web".into(),
-        };
+        }
+    }
+
+    #[test]
+    fn a_write_response_is_an_echo_once_and_forgotten_when_the_watch_caught_up() {
+        let memo: Written<DynamicObject> = Written::default();
+        let key = web_key();
         let held = |memo: &Written<DynamicObject>| memo.lock().unwrap().contains_key(&key);
         // Nothing written: nothing is an echo.
         assert!(!is_echo(&memo, &key, &object("u1", "10")));
@@ -864,6 +892,35 @@ mod tests {
             .unwrap()
             .insert(key.clone(), Arc::new(object("u1", "30")));
         assert!(!is_echo(&memo, &key, &object("u2", "5")));
+        assert!(!held(&memo));
+    }
+
+    #[test]
+    fn a_write_response_that_comes_back_after_its_watch_event_is_not_kept() {
+        let memo: Written<DynamicObject> = Written::default();
+        let key = web_key();
+        let held = |memo: &Written<DynamicObject>| memo.lock().unwrap().contains_key(&key);
+        // The watch delivered the write (or a later version) first: nothing to keep,
+        // and an older response still held goes too.
+        memo.lock()
+            .unwrap()
+            .insert(key.clone(), Arc::new(object("u1", "8")));
+        remember(&memo, &key, object("u1", "12"), || {
+            Some(Arc::new(object("u1", "12")))
+        });
+        assert!(!held(&memo));
+        remember(&memo, &key, object("u1", "12"), || {
+            Some(Arc::new(object("u1", "13")))
+        });
+        assert!(!held(&memo));
+        // The store is behind, or has nothing yet: kept until the watch reaches it.
+        remember(&memo, &key, object("u1", "12"), || {
+            Some(Arc::new(object("u1", "11")))
+        });
+        assert!(held(&memo));
+        remember(&memo, &key, object("u1", "14"), || None);
+        assert!(held(&memo));
+        assert!(is_echo(&memo, &key, &object("u1", "14")));
         assert!(!held(&memo));
     }
 

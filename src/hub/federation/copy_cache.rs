@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::api::LABEL_MANAGED_BY;
 use crate::hub::federation::copies::MANAGED_BY;
 use crate::hub::federation::interpreter::Interpretation;
+use crate::hub::federation::text_store::TextStore;
 use crate::hub::membership::health::{FailureKind, Health};
 use crate::hub::membership::prober::HealthBoard;
 use crate::hub::{Registry, tasks};
@@ -58,7 +59,7 @@ impl ClusterCopies {
 
     /// The copies of this kind have been listed completely at least once.
     pub fn synced(&self, resource: &ApiResource) -> bool {
-        self.store(resource).is_some_and(CopyStore::ready) || self.unavailable(resource).is_some()
+        self.store(resource).is_some_and(TextStore::ready) || self.unavailable(resource).is_some()
     }
 
     /// The managed copy of `namespace/name` of this kind, as last seen.
@@ -72,97 +73,10 @@ impl ClusterCopies {
     }
 }
 
-/// The copies one watch delivered, as a reflector store keeps them (an applied copy
-/// replaces the one before, a deleted one goes, a relist replaces everything once it is
-/// complete), but each copy kept as the JSON text of its slim summary and read back on
-/// [`CopyStore::get`].
-///
-/// A slim copy is small as data (name, UID, two labels, a few annotations, replicas, a
-/// status summary), but as a `DynamicObject` each of its small maps (labels,
-/// annotations, the object, `spec`, `status`) is a B-tree leaf of 540-630 bytes however
-/// few entries it holds: about 4.2 KB a copy, measured (docs/benchmarks.md, "Where the
-/// heap goes"); the text is under 1 KB. Reading one back costs a few microseconds, and a
-/// reconcile reads one per member.
-#[derive(Clone, Default)]
-pub struct CopyStore(Arc<std::sync::RwLock<StoreState>>);
-
-#[derive(Default)]
-struct StoreState {
-    copies: HashMap<(String, String), Arc<str>>,
-    /// A relist in progress: what it listed so far (it replaces `copies` when complete).
-    relisting: Option<HashMap<(String, String), Arc<str>>>,
-    /// A list has completed at least once.
-    ready: bool,
-}
-
-impl CopyStore {
-    /// Applies one watch event, as a reflector's store does.
-    fn apply(&self, event: &watcher::Event<DynamicObject>) {
-        let key =
-            |object: &DynamicObject| (object.namespace().unwrap_or_default(), object.name_any());
-        let text = |object: &DynamicObject| -> Option<Arc<str>> {
-            match serde_json::to_string(object) {
-                Ok(text) => Some(Arc::from(text)),
-                Err(error) => {
-                    // Not expected (it was just read from JSON); without it the copy is
-                    // not known, so the hub may apply it again, never delete it.
-                    tracing::error!(copy = %object.name_any(), %error, "cannot keep a copy's summary");
-                    None
-                }
-            }
-        };
-        let mut state = self.0.write().unwrap_or_else(|p| p.into_inner());
-        match event {
-            watcher::Event::Apply(object) => match text(object) {
-                Some(text) => {
-                    state.copies.insert(key(object), text);
-                }
-                None => {
-                    state.copies.remove(&key(object));
-                }
-            },
-            watcher::Event::Delete(object) => {
-                state.copies.remove(&key(object));
-            }
-            watcher::Event::Init => state.relisting = Some(HashMap::new()),
-            watcher::Event::InitApply(object) => {
-                if let Some(text) = text(object) {
-                    state
-                        .relisting
-                        .get_or_insert_with(HashMap::new)
-                        .insert(key(object), text);
-                }
-            }
-            watcher::Event::InitDone => {
-                state.copies = state.relisting.take().unwrap_or_default();
-                state.ready = true;
-            }
-        }
-    }
-
-    /// The copy of `namespace/name`, as last seen.
-    fn get(&self, namespace: &str, name: &str) -> Option<Arc<DynamicObject>> {
-        let text = {
-            let state = self.0.read().unwrap_or_else(|p| p.into_inner());
-            state
-                .copies
-                .get(&(namespace.to_string(), name.to_string()))?
-                .clone()
-        };
-        match serde_json::from_str(&text) {
-            Ok(object) => Some(Arc::new(object)),
-            Err(error) => {
-                tracing::error!(copy = %format!("{namespace}/{name}"), %error, "cannot read a copy's summary back");
-                None
-            }
-        }
-    }
-
-    /// A list has completed at least once.
-    fn ready(&self) -> bool {
-        self.0.read().unwrap_or_else(|p| p.into_inner()).ready
-    }
-}
+/// One member's copies of one kind, each kept as the JSON text of its slim summary
+/// ([`slim_copy`]): about 4.2 KB a copy as a `DynamicObject`, under 1 KB as text
+/// (docs/benchmarks.md, "Where the heap goes").
+pub type CopyStore = TextStore<DynamicObject>;
 
 /// A change in a member's copies.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -384,7 +298,7 @@ fn start_watches(client: &Client, kinds: &Kinds, cluster: &str) -> (ClusterCopie
         let read_as = interpretation.clone();
         let unavailable = unavailable.clone();
         let what = format!("{} {}", resource.api_version, resource.kind);
-        let store = CopyStore::default();
+        let store = CopyStore::new("copy");
         let mut seen = SeenCopies::default();
         stores.push((resource.clone(), store.clone()));
         let api = Api::<DynamicObject>::all_with(client.clone(), resource);
@@ -684,8 +598,8 @@ mod tests {
     }
 
     #[test]
-    fn a_copy_store_reads_back_what_it_was_given() {
-        let store = CopyStore::default();
+    fn a_slim_copy_reads_back_from_the_store_as_it_was_given() {
+        let store = CopyStore::new("copy");
         let web = slim("web", 2);
         store.apply(&watcher::Event::Apply(web.clone()));
         let back = store.get("shop", "web").expect("kept");
@@ -699,32 +613,6 @@ mod tests {
         assert_eq!(*store.get("shop", "web").unwrap(), newer);
         store.apply(&watcher::Event::Delete(newer));
         assert!(store.get("shop", "web").is_none());
-    }
-
-    #[test]
-    fn a_copy_store_is_ready_after_its_first_list_and_a_relist_replaces_it_when_complete() {
-        let store = CopyStore::default();
-        assert!(!store.ready(), "nothing listed yet");
-        store.apply(&watcher::Event::Init);
-        store.apply(&watcher::Event::InitApply(slim("web", 1)));
-        assert!(!store.ready(), "the list is not complete");
-        assert!(
-            store.get("shop", "web").is_none(),
-            "a list shows when complete"
-        );
-        store.apply(&watcher::Event::InitDone);
-        assert!(store.ready());
-        assert!(store.get("shop", "web").is_some());
-        // A relist (after a partition, say): the old content stays until it completes,
-        // then what it did not list is gone.
-        store.apply(&watcher::Event::Init);
-        store.apply(&watcher::Event::InitApply(slim("api", 1)));
-        assert!(store.get("shop", "web").is_some(), "kept while relisting");
-        assert!(store.get("shop", "api").is_none());
-        assert!(store.ready(), "still ready while relisting");
-        store.apply(&watcher::Event::InitDone);
-        assert!(store.get("shop", "web").is_none());
-        assert!(store.get("shop", "api").is_some());
     }
 
     #[test]

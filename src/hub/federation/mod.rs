@@ -42,6 +42,7 @@ pub mod queue;
 pub mod reconcile;
 pub mod scheduler;
 pub mod status;
+pub mod text_store;
 pub mod writer;
 
 use std::collections::HashMap;
@@ -69,6 +70,7 @@ use crate::metrics::Metrics;
 pub use context::ControllerMetrics;
 use context::{CallLabels, Context, RateLimit, Stores, is_echo, slim_template};
 use queue::WorkQueue;
+use text_store::TextStore;
 use writer::{Completed, ObjectKey, Writers};
 
 pub use writer::FIELD_MANAGER;
@@ -169,7 +171,7 @@ where
     let (store, writer) = reflector::store();
     let stream = reflector(
         writer,
-        watcher(api, watcher::Config::default()).modify(|o| o.managed_fields_mut().clear()),
+        watcher(api, watcher::Config::default()).modify(|o| o.meta_mut().managed_fields = None),
     )
     .default_backoff()
     .map(move |event| match event {
@@ -301,7 +303,25 @@ async fn run_kinds(
     let written_bindings = context::Written::default();
     let written_templates = context::Written::default();
     let binding_echoes = written_bindings.clone();
-    let (bindings, s) = reflect(Api::<ResourceBinding>::all(hub.clone()), move |event| {
+    let bindings = TextStore::<ResourceBinding>::new("binding");
+    let binding_store = bindings.clone();
+    let binding_watch = watcher(
+        Api::<ResourceBinding>::all(hub.clone()),
+        watcher::Config::default(),
+    )
+    .modify(|b: &mut ResourceBinding| b.metadata.managed_fields = None)
+    .default_backoff()
+    // The store first, as a reflector does: whoever the event wakes reads the binding
+    // as it now is.
+    .inspect(move |event| {
+        if let Ok(event) = event {
+            binding_store.apply(event);
+        }
+    });
+    let s = binding_watch.map(move |event| {
+        let Ok(event) = event else {
+            return Trigger::Nothing;
+        };
         // A deleted binding is always news (its last write may have been the hub's).
         let deleted = matches!(event, watcher::Event::Delete(_));
         match event {
@@ -322,13 +342,13 @@ async fn run_kinds(
             _ => Trigger::Nothing,
         }
     });
-    streams.push(s);
+    streams.push(s.boxed());
     let mut templates = vec![];
     let bodies = context::Bodies::default();
     for (kind, entry) in kinds.iter().enumerate() {
         let ar = &entry.0;
-        let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
-        templates.push(writer.as_reader());
+        let store = TextStore::<DynamicObject>::new("template");
+        templates.push(store.clone());
         let api = Api::<DynamicObject>::all_with(hub.clone(), ar);
         let slim_resource = entry.clone();
         let slim_bodies = bodies.clone();
@@ -339,8 +359,12 @@ async fn run_kinds(
         let template_echoes = written_templates.clone();
         let mut seen: HashMap<ObjectKey, u64> = HashMap::new();
         streams.push(
-            reflector(writer, slim)
-                .default_backoff()
+            slim.default_backoff()
+                .inspect(move |event| {
+                    if let Ok(event) = event {
+                        store.apply(event);
+                    }
+                })
                 .map(move |event| match event {
                     Ok(watcher::Event::Apply(o)) | Ok(watcher::Event::InitApply(o)) => {
                         let key = template_key(kind, &o);
@@ -628,8 +652,12 @@ impl Drop for AbortOnDrop {
 /// template is gone may still have copies to clean up).
 fn queue_all(context: &Context) {
     for (kind, store) in context.stores.templates.iter().enumerate() {
-        for template in store.state() {
-            context.queue.add(template_key(kind, &template));
+        for (namespace, name) in store.keys() {
+            context.queue.add(ObjectKey {
+                kind,
+                namespace,
+                name,
+            });
         }
     }
     for binding in context.stores.bindings.state() {

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
-use kube::api::{DynamicObject, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use kube::runtime::watcher;
 use kube::{Api, Resource};
 use serde_json::json;
@@ -474,14 +474,32 @@ pub(super) async fn run(
     }
 }
 
-/// The templates the hub holds now, of every kind it watches.
-fn hub_templates(context: &Context) -> Vec<(usize, Arc<DynamicObject>)> {
+/// What selecting reads of a template: its namespace, name and labels.
+#[derive(serde::Deserialize)]
+struct Selectable {
+    metadata: Identity,
+}
+
+#[derive(serde::Deserialize)]
+struct Identity {
+    #[serde(default)]
+    namespace: String,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    labels: Option<BTreeMap<String, String>>,
+}
+
+/// The templates the hub holds now, of every kind it watches, as selecting reads them
+/// (only these fields are read back from the store's text: this runs every time a
+/// template or policy changes).
+fn hub_templates(context: &Context) -> Vec<(usize, Selectable)> {
     context
         .stores
         .templates
         .iter()
         .enumerate()
-        .flat_map(|(kind, store)| store.state().into_iter().map(move |t| (kind, t)))
+        .flat_map(|(kind, store)| store.read_all().into_iter().map(move |t| (kind, t)))
         .collect()
 }
 
@@ -525,8 +543,8 @@ async fn pass(
     let refs = templates.iter().map(|(kind, t)| TemplateRef {
         api_version: &context.kinds[*kind].0.api_version,
         kind: &context.kinds[*kind].0.kind,
-        namespace: t.metadata.namespace.as_deref().unwrap_or_default(),
-        name: t.metadata.name.as_deref().unwrap_or_default(),
+        namespace: &t.metadata.namespace,
+        name: &t.metadata.name,
         labels: t.metadata.labels.as_ref().unwrap_or(&EMPTY),
     });
     let tallies = tally(&candidates, refs);
