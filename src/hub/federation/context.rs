@@ -1,7 +1,7 @@
 //! What every step of the federation controller shares: the hub's stores, the member
 //! writers, metrics, and the little the hub remembers per template between reconciles.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,6 +25,7 @@ use crate::hub::federation::copy_cache::{CopyCaches, Kinds};
 use crate::hub::federation::interpreter::Interpretation;
 use crate::hub::federation::kinds::{hub_cluster_view, is_refused_duplicate};
 use crate::hub::federation::matching::{PolicyCandidate, PolicyScope};
+use crate::hub::federation::packing::{Packed, Packer};
 use crate::hub::federation::placement::{ClusterView, StaticWeights};
 use crate::hub::federation::queue::WorkQueue;
 use crate::hub::federation::text_store::TextStore;
@@ -37,6 +38,12 @@ pub(super) struct CallLabels {
     pub cluster: String,
     pub verb: String,
     pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct CallVerbLabels {
+    pub cluster: String,
+    pub verb: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -61,6 +68,7 @@ pub struct ControllerMetrics {
     pub(super) reconciles: Counter,
     pub(super) hub_writes: Family<WriteLabels, Counter>,
     pub(super) member_calls: Family<CallLabels, Counter>,
+    pub(super) member_call_duration: Family<CallVerbLabels, Histogram>,
     pub(super) propagation_latency: Histogram,
     pub(super) bindings: Family<ConditionLabels, Gauge>,
     pub(super) evictions: Family<ClusterLabel, Counter>,
@@ -78,6 +86,9 @@ impl ControllerMetrics {
             reconciles: Counter::default(),
             hub_writes: Family::default(),
             member_calls: Family::default(),
+            member_call_duration: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.002, 2.0, 14))
+            }),
             propagation_latency: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             bindings: Family::default(),
             evictions: Family::default(),
@@ -121,6 +132,11 @@ impl ControllerMetrics {
             "member_api_calls",
             "Requests to member API servers by the member writers, by cluster, verb and result",
             m.member_calls.clone(),
+        );
+        metrics.register(
+            "member_api_call_duration_seconds",
+            "Duration of the member writers' requests to member API servers, from sending to the answer, by cluster and verb",
+            m.member_call_duration.clone(),
         );
         metrics.register(
             "propagation_latency_seconds",
@@ -224,11 +240,71 @@ pub(super) struct TemplateReport {
     pub fenced: i64,
 }
 
-/// Every template's last report, and how many report each (condition, status).
-pub(super) type Reports = (
-    HashMap<ObjectKey, TemplateReport>,
-    BTreeMap<(String, String), i64>,
-);
+/// Every template's last report, and how many report each (condition, status). A
+/// report keeps its (condition, status) pairs as indexes into `pairs`: the same few
+/// pairs repeat in every template's report, and as strings they were about 450 bytes a
+/// template.
+#[derive(Default)]
+pub(super) struct Reports {
+    by_template: HashMap<ObjectKey, StoredReport>,
+    /// Every (condition, status) pair seen, by index, with how many reports hold it.
+    pairs: Vec<((String, String), i64)>,
+    index: HashMap<(String, String), u16>,
+}
+
+#[derive(PartialEq)]
+struct StoredReport {
+    conditions: Box<[u16]>,
+    fenced: i64,
+}
+
+impl Reports {
+    fn intern(&mut self, pair: (String, String)) -> u16 {
+        if let Some(index) = self.index.get(&pair) {
+            return *index;
+        }
+        let index = u16::try_from(self.pairs.len()).unwrap_or(u16::MAX);
+        if index < u16::MAX {
+            self.pairs.push((pair.clone(), 0));
+            self.index.insert(pair, index);
+        }
+        index
+    }
+
+    /// Replaces `key`'s report; returns the change of the fenced count, or None when
+    /// nothing changed.
+    fn replace(&mut self, key: &ObjectKey, report: Option<TemplateReport>) -> Option<i64> {
+        let new = report.map(|r| StoredReport {
+            conditions: r.conditions.into_iter().map(|p| self.intern(p)).collect(),
+            fenced: r.fenced,
+        });
+        if self.by_template.get(key) == new.as_ref() {
+            return None;
+        }
+        let mut fenced_change = 0;
+        let old = match new {
+            Some(new) => {
+                fenced_change += new.fenced;
+                self.count(&new.conditions, 1);
+                self.by_template.insert(key.clone(), new)
+            }
+            None => self.by_template.remove(key),
+        };
+        if let Some(old) = old {
+            fenced_change -= old.fenced;
+            self.count(&old.conditions, -1);
+        }
+        Some(fenced_change)
+    }
+
+    fn count(&mut self, conditions: &[u16], by: i64) {
+        for index in conditions {
+            if let Some((_, count)) = self.pairs.get_mut(usize::from(*index)) {
+                *count += by;
+            }
+        }
+    }
+}
 
 /// (generation, when the hub first saw it, whether its applies have been measured).
 pub(super) type GenerationSeen = (Option<i64>, Instant, bool);
@@ -427,26 +503,49 @@ fn fresher<K: Resource>(
 
 /// Every template's body (everything but metadata and status) as compact JSON text, by
 /// template: the stores keep only metadata, `spec.replicas` and status, and the body is
-/// read when a copy is built. Text is a fraction of the memory of a parsed JSON tree.
+/// read when a copy is built. Text is a fraction of the memory of a parsed JSON tree, and
+/// packed against the other bodies ([`Packer`]) a fraction of that.
 #[derive(Clone, Default)]
-pub struct Bodies(Arc<Mutex<HashMap<ObjectKey, Arc<str>>>>);
+pub struct Bodies(Arc<Mutex<PackedBodies>>);
+
+#[derive(Default)]
+struct PackedBodies {
+    bodies: HashMap<ObjectKey, Packed>,
+    packer: Packer,
+}
 
 impl Bodies {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, Arc<str>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, PackedBodies> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn get(&self, key: &ObjectKey) -> Option<Arc<str>> {
-        self.lock().get(key).cloned()
+    fn insert(&self, key: ObjectKey, body: &str) {
+        let mut held = self.lock();
+        let PackedBodies { bodies, packer } = &mut *held;
+        bodies.insert(key, packer.pack(body.as_bytes()));
+        if packer.due() {
+            let dropped = packer.renew(&mut [bodies]);
+            if dropped > 0 {
+                tracing::error!(
+                    dropped,
+                    "template bodies could not be read back to pack them again; they are read again at the templates' next events"
+                );
+            }
+        }
+    }
+
+    pub fn get(&self, key: &ObjectKey) -> Option<String> {
+        let held = self.lock();
+        held.packer.unpack(held.bodies.get(key)?)
     }
 
     pub fn remove(&self, key: &ObjectKey) {
-        self.lock().remove(key);
+        self.lock().bodies.remove(key);
     }
 
     /// Templates whose body is held.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().bodies.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -492,7 +591,7 @@ pub(super) fn slim_template(
         namespace: object.namespace().unwrap_or_default(),
         name: object.name_any(),
     };
-    bodies.lock().insert(key, Arc::from(data.to_string()));
+    bodies.insert(key, &data.to_string());
     object.data = serde_json::Value::Object(kept);
 }
 
@@ -653,32 +752,12 @@ impl Context {
 
     /// Replaces `key`'s report in the gauges.
     pub fn report(&self, key: &ObjectKey, report: Option<TemplateReport>) {
-        let mut guard = self.reports.lock().unwrap_or_else(|p| p.into_inner());
-        let (reports, counts) = &mut *guard;
-        let old = match &report {
-            Some(report) => reports.insert(key.clone(), report.clone()),
-            None => reports.remove(key),
-        };
-        if old == report {
+        let mut reports = self.reports.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(fenced_change) = reports.replace(key, report) else {
             return;
-        }
-        let mut fenced_change = 0;
-        if let Some(old) = old {
-            fenced_change -= old.fenced;
-            for entry in old.conditions {
-                if let Some(count) = counts.get_mut(&entry) {
-                    *count -= 1;
-                }
-            }
-        }
-        if let Some(new) = report {
-            fenced_change += new.fenced;
-            for entry in new.conditions {
-                *counts.entry(entry).or_default() += 1;
-            }
-        }
+        };
         self.metrics.fenced.inc_by(fenced_change);
-        for ((condition, status), count) in counts.iter() {
+        for ((condition, status), count) in reports.pairs.iter() {
             self.metrics
                 .bindings
                 .get_or_create(&ConditionLabels {
@@ -862,6 +941,51 @@ mod tests {
             namespace: "shop".into(),
             name: "web".into(),
         }
+    }
+
+    #[test]
+    fn reports_count_each_condition_once_per_template_and_forget_removed_ones() {
+        let report = |status: &str, fenced: i64| TemplateReport {
+            conditions: vec![
+                ("Scheduled".into(), "True".into()),
+                ("Applied".into(), status.into()),
+            ],
+            fenced,
+        };
+        let count = |reports: &Reports, condition: &str, status: &str| {
+            reports
+                .pairs
+                .iter()
+                .find(|((c, s), _)| c == condition && s == status)
+                .map_or(0, |(_, n)| *n)
+        };
+        let other = ObjectKey {
+            name: "api".into(),
+            ..web_key()
+        };
+        let mut reports = Reports::default();
+        assert_eq!(
+            reports.replace(&web_key(), Some(report("False", 1))),
+            Some(1)
+        );
+        assert_eq!(reports.replace(&other, Some(report("True", 0))), Some(0));
+        // The same report again changes nothing.
+        assert_eq!(reports.replace(&web_key(), Some(report("False", 1))), None);
+        assert_eq!(count(&reports, "Scheduled", "True"), 2);
+        assert_eq!(count(&reports, "Applied", "False"), 1);
+        // A new status moves the count; the fenced change is the difference.
+        assert_eq!(
+            reports.replace(&web_key(), Some(report("True", 0))),
+            Some(-1)
+        );
+        assert_eq!(count(&reports, "Applied", "False"), 0);
+        assert_eq!(count(&reports, "Applied", "True"), 2);
+        // A template that is gone takes its conditions with it; forgetting it twice is
+        // no change.
+        assert_eq!(reports.replace(&other, None), Some(0));
+        assert_eq!(reports.replace(&other, None), None);
+        assert_eq!(count(&reports, "Scheduled", "True"), 1);
+        assert_eq!(reports.pairs.len(), 3, "each pair is kept once");
     }
 
     #[test]

@@ -302,7 +302,9 @@ fn start_watches(client: &Client, kinds: &Kinds, cluster: &str) -> (ClusterCopie
         let mut seen = SeenCopies::default();
         stores.push((resource.clone(), store.clone()));
         let api = Api::<DynamicObject>::all_with(client.clone(), resource);
-        let config = watcher::Config::default().labels(&managed_selector());
+        let config = watcher::Config::default()
+            .labels(&managed_selector())
+            .page_size(crate::hub::federation::LIST_PAGE);
         streams.push(
             watcher(api, config)
                 .modify(move |o: &mut DynamicObject| slim_copy(o, &interpretation))
@@ -432,9 +434,11 @@ fn note_availability(
 /// timestamp, a field of the status it does not read, managed fields) wakes no template:
 /// while pods come up in a burst most of a Deployment's status updates are such. Kept per
 /// copy: a hash of everything but its status, a hash of its status, and whether it was
-/// Ready by its kind's rule.
+/// Ready by its kind's rule. Keyed by a hash of namespace and name (the store has the
+/// names): a collision of two copies' keys could only make an update look like a change,
+/// which wakes a template, never hide one.
 #[derive(Default)]
-struct SeenCopies(HashMap<(String, String), (u64, u64, bool)>);
+struct SeenCopies(HashMap<u64, (u64, u64, bool)>);
 
 /// What a watch event changes of what the hub knows of a copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -459,8 +463,16 @@ impl SeenCopies {
         event: &watcher::Event<DynamicObject>,
         interpretation: &Interpretation,
     ) -> Seen {
-        let key =
-            |object: &DynamicObject| (object.namespace().unwrap_or_default(), object.name_any());
+        let key = |object: &DynamicObject| {
+            use std::hash::{Hash, Hasher};
+            let mut hasher = std::collections::hash_map::DefaultHasher::new();
+            (
+                object.metadata.namespace.as_deref(),
+                object.metadata.name.as_deref(),
+            )
+                .hash(&mut hasher);
+            hasher.finish()
+        };
         let summary = |object: &DynamicObject| {
             let (rest, status) = slim_fingerprints(object);
             (

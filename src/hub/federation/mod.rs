@@ -35,6 +35,7 @@ pub mod interpreter;
 pub mod kinds;
 pub mod matching;
 pub mod overrides;
+pub mod packing;
 pub mod placement;
 pub mod policy_status;
 pub mod propagation;
@@ -68,7 +69,7 @@ use crate::hub::federation::copy_cache::{CopyCaches, CopyEvent, Kinds, Look};
 use crate::hub::federation::discovery::{Gvk, KindNeeds};
 use crate::metrics::Metrics;
 pub use context::ControllerMetrics;
-use context::{CallLabels, Context, RateLimit, Stores, is_echo, slim_template};
+use context::{CallLabels, CallVerbLabels, Context, RateLimit, Stores, is_echo, slim_template};
 use queue::WorkQueue;
 use text_store::TextStore;
 use writer::{Completed, ObjectKey, Writers};
@@ -85,6 +86,12 @@ pub const CONCURRENCY: usize = 32;
 /// is looked at at once. A burst's template is so looked at a few times, not once per
 /// copy per status update.
 pub const PROGRESS_DELAY: Duration = Duration::from_secs(5);
+/// Objects per page of the initial lists (and relists) of templates, bindings and member
+/// copies. A page arrives and is parsed whole, managed fields and all, before the stores
+/// keep each object's slim text: the page, not the number of objects, sets the peak of a
+/// cold start (at 500 a page, three members' copy lists and the binding list held 25 MB
+/// at once; docs/benchmarks.md, session 12).
+pub const LIST_PAGE: u32 = 100;
 
 /// Controller settings.
 #[derive(Clone, Debug)]
@@ -245,12 +252,19 @@ async fn run_kinds(
     ));
     let (completed, mut completed_rx) = mpsc::unbounded_channel::<Completed>();
     let calls = controller_metrics.member_calls.clone();
+    let call_duration = controller_metrics.member_call_duration.clone();
     let writers = Writers::new(
         state.registry.clone(),
         state.leadership.clone(),
         kinds.clone(),
         completed,
-        Arc::new(move |cluster: &str, verb: &str, ok: bool| {
+        Arc::new(move |cluster: &str, verb: &str, ok: bool, took: Duration| {
+            call_duration
+                .get_or_create(&CallVerbLabels {
+                    cluster: cluster.into(),
+                    verb: verb.into(),
+                })
+                .observe(took.as_secs_f64());
             calls
                 .get_or_create(&CallLabels {
                     cluster: cluster.into(),
@@ -307,7 +321,7 @@ async fn run_kinds(
     let binding_store = bindings.clone();
     let binding_watch = watcher(
         Api::<ResourceBinding>::all(hub.clone()),
-        watcher::Config::default(),
+        watcher::Config::default().page_size(LIST_PAGE),
     )
     .modify(|b: &mut ResourceBinding| b.metadata.managed_fields = None)
     .default_backoff()
@@ -352,9 +366,9 @@ async fn run_kinds(
         let api = Api::<DynamicObject>::all_with(hub.clone(), ar);
         let slim_resource = entry.clone();
         let slim_bodies = bodies.clone();
-        let slim = watcher(api, watcher::Config::default()).modify(move |o: &mut DynamicObject| {
-            slim_template(o, &slim_resource, kind, &slim_bodies)
-        });
+        let slim = watcher(api, watcher::Config::default().page_size(LIST_PAGE)).modify(
+            move |o: &mut DynamicObject| slim_template(o, &slim_resource, kind, &slim_bodies),
+        );
         let trigger_bodies = bodies.clone();
         let template_echoes = written_templates.clone();
         let mut seen: HashMap<ObjectKey, u64> = HashMap::new();

@@ -103,6 +103,13 @@ pub(super) async fn reconcile(context: &Arc<Context>, key: &ObjectKey) -> Option
             delete_template(context, key, &resource, &template, binding, views, now).await
         }
         Some(template) => {
+            if context.bodies.get(key).is_none() {
+                // Its body is what the copies are built from: without it nothing is
+                // written (a copy applied without it would lose its spec in the member).
+                // Not expected: the watch keeps the body with the template.
+                tracing::warn!(namespace = %key.namespace, name = %key.name, "the template's body is not known; its copies wait");
+                return Some(Duration::from_secs(5));
+            }
             if let Some(binding) = binding.as_ref().filter(|_| binding_deleting) {
                 // The binding alone was deleted (or belongs to an earlier template of the
                 // same name): nothing of the copies goes, the next reconcile binds anew.

@@ -8,12 +8,15 @@
 //! object that repeats the kind's `ApiResource` (five strings). Measured with heaptrack
 //! on a fresh hub over 1,000 Deployment templates (docs/benchmarks.md, session 11): 3.8 KB
 //! per template object, 2.6 KB per binding, 1.9 KB of index per template. As text a
-//! template is under 1 KB. Reading one back costs a few microseconds; a reconcile reads
-//! its template and its binding once.
+//! template is about 1 KB, and packed against the texts of the other templates
+//! ([`Packer`]) about 150 bytes. Reading one back costs a few microseconds; a reconcile
+//! reads its template and its binding once.
 
 use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::hub::federation::packing::{Packed, Packer, unpack_with};
 
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
@@ -25,11 +28,43 @@ type Key = (String, String);
 
 #[derive(Default)]
 struct State {
-    objects: HashMap<Key, Arc<str>>,
+    objects: HashMap<Key, Packed>,
     /// A relist in progress: what it listed so far (it replaces `objects` when complete).
-    relisting: Option<HashMap<Key, Arc<str>>>,
+    relisting: Option<HashMap<Key, Packed>>,
     /// A list has completed at least once.
     ready: bool,
+    packer: Packer,
+}
+
+impl State {
+    /// Packs `text` into `objects`, or into the relist in progress.
+    fn keep(&mut self, key: Key, text: &str, relisting: bool) {
+        let packed = self.packer.pack(text.as_bytes());
+        if relisting {
+            self.relisting
+                .get_or_insert_with(HashMap::new)
+                .insert(key, packed);
+        } else {
+            self.objects.insert(key, packed);
+        }
+        if self.packer.due() {
+            let mut maps = vec![&mut self.objects];
+            if let Some(relisting) = self.relisting.as_mut() {
+                maps.push(relisting);
+            }
+            let dropped = self.packer.renew(&mut maps);
+            if dropped > 0 {
+                tracing::error!(
+                    dropped,
+                    "objects could not be read back to pack them again; they are looked at again at their next event"
+                );
+            }
+        }
+    }
+
+    fn text(&self, packed: &[u8]) -> Option<String> {
+        self.packer.unpack(packed)
+    }
 }
 
 /// The objects one watch delivered: an applied object replaces the one before, a deleted
@@ -75,9 +110,9 @@ where
     /// Applies one watch event, as a reflector's store does.
     pub fn apply(&self, event: &watcher::Event<K>) {
         let key = |object: &K| (object.namespace().unwrap_or_default(), object.name_any());
-        let text = |object: &K| -> Option<Arc<str>> {
+        let text = |object: &K| -> Option<String> {
             match serde_json::to_string(object) {
-                Ok(text) => Some(Arc::from(text)),
+                Ok(text) => Some(text),
                 Err(error) => {
                     // Not expected (it was just read from JSON). Without it the object is
                     // not known to the hub: a template or binding is looked at again at
@@ -91,9 +126,7 @@ where
         let mut state = self.write();
         match event {
             watcher::Event::Apply(object) => match text(object) {
-                Some(text) => {
-                    state.objects.insert(key(object), text);
-                }
+                Some(text) => state.keep(key(object), &text, false),
                 None => {
                     state.objects.remove(&key(object));
                 }
@@ -104,10 +137,7 @@ where
             watcher::Event::Init => state.relisting = Some(HashMap::new()),
             watcher::Event::InitApply(object) => {
                 if let Some(text) = text(object) {
-                    state
-                        .relisting
-                        .get_or_insert_with(HashMap::new)
-                        .insert(key(object), text);
+                    state.keep(key(object), &text, true);
                 }
             }
             watcher::Event::InitDone => {
@@ -119,9 +149,18 @@ where
         }
     }
 
-    fn parse(&self, (namespace, name): &Key, text: &str) -> Option<Arc<K>> {
-        match serde_json::from_str(text) {
-            Ok(object) => Some(Arc::new(object)),
+    /// Reads `P` (the object or a part of it) back from the text of `key`.
+    fn parse<P: DeserializeOwned>(
+        &self,
+        (namespace, name): &Key,
+        text: Option<String>,
+    ) -> Option<P> {
+        let Some(text) = text else {
+            tracing::error!(what = self.what, name = %format!("{namespace}/{name}"), "cannot unpack an object's text");
+            return None;
+        };
+        match serde_json::from_str(&text) {
+            Ok(object) => Some(object),
             Err(error) => {
                 tracing::error!(what = self.what, name = %format!("{namespace}/{name}"), %error, "cannot read an object back from its text");
                 None
@@ -133,37 +172,36 @@ where
     /// seen.
     pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<K>> {
         let key = (namespace.to_string(), name.to_string());
-        let text = self.read().objects.get(&key)?.clone();
-        self.parse(&key, &text)
+        let text = {
+            let state = self.read();
+            state.text(state.objects.get(&key)?)
+        };
+        self.parse(&key, text).map(Arc::new)
     }
 
     /// Every object, as last seen (each parsed: for passes over all of them).
     pub fn state(&self) -> Vec<Arc<K>> {
-        let texts: Vec<(Key, Arc<str>)> = self
-            .read()
-            .objects
-            .iter()
-            .map(|(key, text)| (key.clone(), text.clone()))
-            .collect();
-        texts
-            .iter()
-            .filter_map(|(key, text)| self.parse(key, text))
-            .collect()
+        self.read_all::<K>().into_iter().map(Arc::new).collect()
     }
 
     /// Every object read as `P`, a part of it (serde skips the rest without building
-    /// it): for passes over all of them that need a few fields, such as the labels.
+    /// it): for passes over all of them that need a few fields, such as the labels. The
+    /// packed texts are copied under the lock and read one at a time after it.
     pub fn read_all<P: DeserializeOwned>(&self) -> Vec<P> {
-        let texts: Vec<Arc<str>> = self.read().objects.values().cloned().collect();
-        texts
-            .iter()
-            .filter_map(|text| match serde_json::from_str(text) {
-                Ok(part) => Some(part),
-                Err(error) => {
-                    tracing::error!(what = self.what, %error, "cannot read an object back from its text");
-                    None
-                }
-            })
+        let (dictionary, packed): (Arc<[u8]>, Vec<(Key, Packed)>) = {
+            let state = self.read();
+            (
+                state.packer.dictionary(),
+                state
+                    .objects
+                    .iter()
+                    .map(|(key, packed)| (key.clone(), packed.clone()))
+                    .collect(),
+            )
+        };
+        packed
+            .into_iter()
+            .filter_map(|(key, packed)| self.parse(&key, unpack_with(&dictionary, &packed)))
             .collect()
     }
 
@@ -265,6 +303,41 @@ mod tests {
         assert_eq!(parts.len(), 1);
         assert_eq!(parts[0].metadata.name.as_deref(), Some("web"));
         assert_eq!(parts[0].metadata.labels.as_ref().unwrap()["app"], "web");
+    }
+
+    #[test]
+    fn many_objects_read_back_the_same_across_dictionary_renewals_and_a_relist() {
+        let store = TextStore::<DynamicObject>::new("copy");
+        let named = |i: usize| object(&format!("web-{i:04}"), (i % 4) as i64);
+        store.apply(&watcher::Event::Init);
+        for i in 0..150 {
+            store.apply(&watcher::Event::InitApply(named(i)));
+        }
+        store.apply(&watcher::Event::InitDone);
+        for i in 150..400 {
+            store.apply(&watcher::Event::Apply(named(i)));
+        }
+        // A relist half done: the packer renews its dictionary while two maps are held.
+        store.apply(&watcher::Event::Init);
+        for i in 0..200 {
+            store.apply(&watcher::Event::InitApply(named(i)));
+        }
+        for i in 0..400 {
+            assert_eq!(
+                *store.get("shop", &format!("web-{i:04}")).unwrap(),
+                named(i)
+            );
+        }
+        store.apply(&watcher::Event::InitDone);
+        assert_eq!(store.len(), 200);
+        for i in 0..200 {
+            assert_eq!(
+                *store.get("shop", &format!("web-{i:04}")).unwrap(),
+                named(i)
+            );
+        }
+        assert!(store.get("shop", "web-0300").is_none(), "not listed again");
+        assert_eq!(store.state().len(), 200);
     }
 
     #[test]

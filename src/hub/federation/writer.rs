@@ -149,25 +149,88 @@ enum Fresh {
     Gone(Option<String>),
 }
 
-/// The state of one copy in a writer.
+/// The state of one copy in a writer. A writer keeps one per copy it ever wrote, so a
+/// settled copy's record is small (about 90 bytes): what only a write on its way needs
+/// is in [`Busy`], dropped once the write is done and the watch has caught up with it.
 #[derive(Clone, Debug)]
 struct Record {
-    /// The op to write; dropped once it is done (only its fingerprint is kept), so a
-    /// settled hub does not hold a second copy of every body.
-    op: Option<CopyOp>,
-    /// Apply (not delete).
-    is_apply: bool,
     fingerprint: u64,
     /// None while queued or being written.
     outcome: Option<Outcome>,
     finished: Option<Instant>,
-    attempts: u32,
+    /// A hash of the copy's UID ([`uid_hash`]) and its generation after the hub's last
+    /// apply: a later generation means someone changed the copy's spec in the member
+    /// since.
+    applied: Option<(u64, i64)>,
+    /// Apply (not delete).
+    is_apply: bool,
     /// Still wanted (false after [`Writers::forget`]): retries stop.
     wanted: bool,
+    busy: Option<Box<Busy>>,
+}
+
+/// What a record holds only while its copy is being written or the watch lags.
+#[derive(Clone, Debug, Default)]
+struct Busy {
+    /// The op to write; dropped once it is done (only its fingerprint is kept), so a
+    /// settled hub does not hold a second copy of every body.
+    op: Option<CopyOp>,
+    /// What the member returned to the last write, until the watch has caught up.
     fresh: Option<Fresh>,
-    /// The copy's UID and generation after the hub's last apply: a later generation
-    /// means someone changed the copy's spec in the member since.
-    applied: Option<(Option<String>, i64)>,
+    attempts: u32,
+}
+
+impl Record {
+    fn op(&self) -> Option<&CopyOp> {
+        self.busy.as_ref()?.op.as_ref()
+    }
+
+    fn fresh(&self) -> Option<&Fresh> {
+        self.busy.as_ref()?.fresh.as_ref()
+    }
+
+    fn attempts(&self) -> u32 {
+        self.busy.as_ref().map_or(0, |b| b.attempts)
+    }
+
+    fn busy(&mut self) -> &mut Busy {
+        self.busy.get_or_insert_with(Box::default)
+    }
+
+    /// Drops the busy part once nothing is left in it.
+    fn tidy(&mut self) {
+        if self
+            .busy
+            .as_ref()
+            .is_some_and(|b| b.op.is_none() && b.fresh.is_none() && b.attempts == 0)
+        {
+            self.busy = None;
+        }
+    }
+
+    fn set_fresh(&mut self, fresh: Option<Fresh>) {
+        if fresh.is_some() || self.busy.is_some() {
+            self.busy().fresh = fresh;
+            self.tidy();
+        }
+    }
+
+    /// Whether the hub's last apply left the copy with this UID and a generation for which
+    /// `matches` holds.
+    fn applied_to(&self, uid: Option<&str>, matches: impl Fn(i64) -> bool) -> bool {
+        self.applied.is_some_and(|(written, generation)| {
+            uid.is_some_and(|uid| uid_hash(uid) == written) && matches(generation)
+        })
+    }
+}
+
+/// A UID kept as a hash: a record compares UIDs, it never shows one (36 bytes and an
+/// allocation a copy otherwise).
+fn uid_hash(uid: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    uid.hash(&mut hasher);
+    hasher.finish()
 }
 
 /// A finished write, reported to the federation controller.
@@ -232,7 +295,7 @@ fn all_writers(inner: &Inner) -> Vec<Arc<MemberWriter>> {
 }
 
 /// Counts member API calls (cluster, verb, ok).
-pub type CallCounter = Arc<dyn Fn(&str, &str, bool) + Send + Sync>;
+pub type CallCounter = Arc<dyn Fn(&str, &str, bool, Duration) + Send + Sync>;
 
 /// Every member's writer. Cheap to clone.
 #[derive(Clone)]
@@ -327,21 +390,23 @@ impl Writers {
                     Some(_) => {}
                 }
             }
-            let fresh = records.get(key).and_then(|r| r.fresh.clone());
-            let applied = records.get(key).and_then(|r| r.applied.clone());
+            let fresh = records.get(key).and_then(|r| r.fresh().cloned());
+            let applied = records.get(key).and_then(|r| r.applied);
             let is_apply = matches!(op, CopyOp::Apply { .. });
             records.insert(
                 key.clone(),
                 Record {
-                    op: Some(op),
-                    is_apply,
                     fingerprint,
                     outcome: None,
                     finished: None,
-                    attempts: 0,
-                    wanted: true,
-                    fresh,
                     applied,
+                    is_apply,
+                    wanted: true,
+                    busy: Some(Box::new(Busy {
+                        op: Some(op),
+                        fresh,
+                        attempts: 0,
+                    })),
                 },
             );
         }
@@ -405,11 +470,11 @@ impl Writers {
         let Some(record) = records.get_mut(key) else {
             return cached;
         };
-        match (&record.fresh, &cached) {
+        match (record.fresh(), &cached) {
             (None, _) => cached,
             (Some(Fresh::Object(written)), Some(seen)) => {
                 if newer_or_same(seen, written) {
-                    record.fresh = None;
+                    record.set_fresh(None);
                     cached
                 } else {
                     Some(written.clone())
@@ -419,14 +484,14 @@ impl Writers {
             (Some(Fresh::Gone(uid)), Some(seen)) => {
                 if seen.metadata.uid.is_some() && seen.metadata.uid != *uid {
                     // A new object since: the watch knows better.
-                    record.fresh = None;
+                    record.set_fresh(None);
                     cached
                 } else {
                     None
                 }
             }
             (Some(Fresh::Gone(_)), None) => {
-                record.fresh = None;
+                record.set_fresh(None);
                 None
             }
         }
@@ -439,16 +504,11 @@ impl Writers {
             return false;
         };
         let records = writer.records();
-        records
-            .get(key)
-            .and_then(|r| r.applied.as_ref())
-            .is_some_and(|(uid, generation)| {
-                *uid == copy.metadata.uid
-                    && copy
-                        .metadata
-                        .generation
-                        .is_some_and(|now| now > *generation)
+        records.get(key).is_some_and(|r| {
+            r.applied_to(copy.metadata.uid.as_deref(), |generation| {
+                copy.metadata.generation.is_some_and(|now| now > generation)
             })
+        })
     }
 
     /// Whether the copy of `key` in `cluster` with this UID and generation is what the
@@ -465,11 +525,9 @@ impl Writers {
         };
         let records = writer.records();
         records.get(key).is_some_and(|r| {
-            r.op.is_none()
+            r.op().is_none()
                 && r.outcome == Some(Outcome::Done)
-                && r.applied.as_ref().is_some_and(|(written, at)| {
-                    written.is_some() && written.as_deref() == uid && Some(*at) == generation
-                })
+                && r.applied_to(uid, |at| Some(at) == generation)
         })
     }
 
@@ -526,7 +584,7 @@ async fn work(inner: Arc<Inner>, writer: Arc<MemberWriter>) {
             records
                 .get(&key)
                 .filter(|r| r.outcome.is_none())
-                .and_then(|r| Some((r.op.clone()?, r.fingerprint)))
+                .and_then(|r| Some((r.op()?.clone(), r.fingerprint)))
         };
         if let Some((op, fingerprint)) = op {
             let (outcome, fresh, retry) = execute(&inner, &writer, &key, &op).await;
@@ -542,20 +600,27 @@ async fn work(inner: Arc<Inner>, writer: Arc<MemberWriter>) {
                             && matches!(op, CopyOp::Apply { .. })
                             && let Some(generation) = written.metadata.generation
                         {
-                            record.applied = Some((written.metadata.uid.clone(), generation));
+                            record.applied = written
+                                .metadata
+                                .uid
+                                .as_deref()
+                                .map(|uid| (uid_hash(uid), generation));
                         }
                         if fresh.is_some() {
-                            record.fresh = fresh;
+                            record.set_fresh(fresh);
                         }
                         if outcome == Outcome::Done {
-                            record.attempts = 0;
-                            record.op = None;
+                            if let Some(busy) = record.busy.as_mut() {
+                                busy.attempts = 0;
+                                busy.op = None;
+                            }
+                            record.tidy();
                         } else {
-                            record.attempts += 1;
+                            record.busy().attempts += 1;
                             if retry && record.wanted {
                                 writer
                                     .queue
-                                    .add_after(key.clone(), backoff(record.attempts));
+                                    .add_after(key.clone(), backoff(record.attempts()));
                                 // Queued again: the retry runs when the delay is over.
                                 record.outcome = Some(outcome.clone());
                             }
@@ -752,8 +817,9 @@ async fn list_unmanaged(
         .labels(&unmanaged_selector())
         .limit(CONFLICT_LIST_PAGE);
     loop {
+        let sent = Instant::now();
         let page = api.list_metadata(&params).await;
-        (inner.count_call)(&writer.cluster, "list", page.is_ok());
+        (inner.count_call)(&writer.cluster, "list", page.is_ok(), sent.elapsed());
         let page = page?;
         let next = page.metadata.continue_.clone().filter(|c| !c.is_empty());
         for o in page.items {
@@ -795,6 +861,7 @@ async fn apply(
 ) -> (Outcome, Option<Fresh>, bool) {
     let cluster = writer.cluster.as_str();
     let params = PatchParams::apply(FIELD_MANAGER).force();
+    let mut sent = Instant::now();
     let mut result = api.patch(&key.name, &params, &Patch::Apply(object)).await;
     let namespace_known = writer
         .namespaces
@@ -804,12 +871,13 @@ async fn apply(
     if let Err(error) = &result
         && classify(error) == ApiErrorKind::NotFound
     {
-        (inner.count_call)(cluster, "apply", false);
+        (inner.count_call)(cluster, "apply", false, sent.elapsed());
         if !namespace_known && ensure_namespace(inner, cluster, &key.namespace).await {
+            sent = Instant::now();
             result = api.patch(&key.name, &params, &Patch::Apply(object)).await;
         }
     }
-    (inner.count_call)(cluster, "apply", result.is_ok());
+    (inner.count_call)(cluster, "apply", result.is_ok(), sent.elapsed());
     match result {
         Ok(mut written) => {
             writer
@@ -888,12 +956,13 @@ async fn ensure_namespace(inner: &Inner, cluster: &str, namespace: &str) -> bool
         },
         ..Default::default()
     };
+    let sent = Instant::now();
     let result = api.create(&PostParams::default(), &object).await;
     let ok = match &result {
         Ok(_) => true,
         Err(error) => classify(error) == ApiErrorKind::Conflict,
     };
-    (inner.count_call)(cluster, "create_namespace", ok);
+    (inner.count_call)(cluster, "create_namespace", ok, sent.elapsed());
     if let Err(error) = &result
         && !ok
     {
@@ -916,10 +985,11 @@ async fn delete(
         // The user deleted the template: say so on the copy, so its agent may apply
         // `reclaimPolicy: Delete`. A copy deleted without this mark keeps its volumes.
         let mark = json!({"metadata": {"annotations": {ANNOTATION_TEMPLATE_DELETED: "true"}}});
+        let sent = Instant::now();
         let marked = api
             .patch(&key.name, &PatchParams::default(), &Patch::Merge(&mark))
             .await;
-        (inner.count_call)(cluster, "mark_deleted", marked.is_ok());
+        (inner.count_call)(cluster, "mark_deleted", marked.is_ok(), sent.elapsed());
         match marked {
             Ok(_) => {}
             Err(error) if classify(&error) == ApiErrorKind::NotFound => {
@@ -944,8 +1014,9 @@ async fn delete(
         }),
         ..DeleteParams::background()
     };
+    let sent = Instant::now();
     let result = api.delete(&key.name, &params).await;
-    (inner.count_call)(cluster, "delete", result.is_ok());
+    (inner.count_call)(cluster, "delete", result.is_ok(), sent.elapsed());
     match result {
         Ok(either) => {
             tracing::info!(cluster, namespace = %key.namespace, name = %key.name, kind = %resource.kind, "deleted the copy");
@@ -1032,7 +1103,7 @@ mod tests {
             crate::leader::Leadership::always(),
             kinds,
             completed,
-            Arc::new(|_: &str, _: &str, _: bool| {}),
+            Arc::new(|_: &str, _: &str, _: bool, _: Duration| {}),
             CancellationToken::new(),
         );
         (writers, handle, receiver)
