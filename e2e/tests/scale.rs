@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use bulkhead_e2e::bench::{
-    self, BenchNodes, CopyWatch, HubApiWrites, LeaseWatch, Metrics, Spread, describe_counts, show,
-    signed_seconds,
+    self, BenchNodes, CopyWatch, FirstSeen, HubApiWrites, LeaseWatch, Metrics, Spread,
+    describe_counts, show, signed_seconds,
 };
 use bulkhead_e2e::federation::{Federation, deployments, policies};
 use kube::Client;
@@ -42,6 +42,8 @@ const CLIENTS: usize = 4;
 /// a busy 2-core machine is not taken for a failed member.
 const PROBES: [&str; 2] = ["5", "3"];
 const PROBE_HISTOGRAM: &str = "bulkhead_member_probe_duration_seconds";
+const MEMBER_CALL_HISTOGRAM: &str = "bulkhead_member_api_call_duration_seconds";
+const PROPAGATION_HISTOGRAM: &str = "bulkhead_propagation_latency_seconds";
 
 fn env_number(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -214,6 +216,10 @@ async fn bench_burst() -> Result<()> {
     let setup = Setup::start(pods_needed(templates, REPLICAS, changed, CHANGED_REPLICAS)).await?;
     let federation = &setup.federation;
     let mut copies = CopyWatch::start(federation, &deployments());
+    let mut bindings = FirstSeen::start(
+        federation,
+        &kube::api::ApiResource::erase::<bulkhead::api::ResourceBinding>(&()),
+    );
     let mut leases = LeaseWatch::start(federation);
     let baseline_from = Instant::now();
     tokio::time::sleep(Duration::from_secs(
@@ -249,6 +255,33 @@ async fn bench_burst() -> Result<()> {
             })
             .collect(),
     );
+    // Where the per-copy time goes: create returned -> the template's binding seen on
+    // the hub (the hub's watch, queue, decision and binding write), then binding seen ->
+    // copy seen in the member (the member writer's queue, the apply, the member's watch).
+    let mut decided = vec![];
+    let mut propagated = vec![];
+    for (cluster, template) in wanted.keys() {
+        let binding = bulkhead::hub::federation::scheduler::binding_name(template, "Deployment");
+        let (Some(bound), Some(seen)) =
+            (bindings.get(&binding), copies.first_seen(cluster, template))
+        else {
+            continue;
+        };
+        if cluster == WEIGHTS[0].0 {
+            decided.push(bound.saturating_duration_since(created[template]));
+        }
+        propagated.push(seen.saturating_duration_since(bound));
+    }
+    let (decided, propagated) = (Spread::of(decided), Spread::of(propagated));
+    let member_apply = |metrics: &Metrics| {
+        metrics.histogram(MEMBER_CALL_HISTOGRAM, |l| {
+            l.get("verb").map(String::as_str) == Some("apply")
+        })
+    };
+    let applies_burst = member_apply(&hub_settled).minus(&member_apply(&hub_before));
+    let propagation_burst = hub_settled
+        .histogram(PROPAGATION_HISTOGRAM, |_| true)
+        .minus(&hub_before.histogram(PROPAGATION_HISTOGRAM, |_| true));
     let api = HubApiWrites::between(
         &api_settled,
         &api_before,
@@ -352,6 +385,24 @@ async fn bench_burst() -> Result<()> {
             None => "-".into(),
         },
         "p99 <= 2 s",
+    );
+    row(
+        "per-copy latency split: create returned -> binding seen on the hub (per template); binding seen -> copy seen in the member (per copy)",
+        format!(
+            "{}; {}",
+            Spread::describe(&decided),
+            Spread::describe(&propagated)
+        ),
+        "-",
+    );
+    row(
+        "the hub's own view: template seen -> copy applied (bulkhead_propagation_latency_seconds); member applies, sent -> answered (bulkhead_member_api_call_duration_seconds)",
+        format!(
+            "{}; {}",
+            propagation_burst.describe(),
+            applies_burst.describe()
+        ),
+        "-",
     );
     row(
         &format!("first create -> all {copies_n} copies present"),
