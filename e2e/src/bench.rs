@@ -670,52 +670,6 @@ impl CopyWatch {
 }
 
 // ---------------------------------------------------------------------------------------
-// Hub objects, timed by a watch on the hub
-
-/// When each object of one kind in the test namespace of the hub was first seen (the
-/// ResourceBindings: when the hub's decision for a template was written).
-pub struct FirstSeen {
-    receiver: mpsc::UnboundedReceiver<(String, Instant)>,
-    seen: HashMap<String, Instant>,
-}
-
-impl FirstSeen {
-    /// Starts the watch; it lists first, so start it before the objects exist.
-    pub fn start(federation: &Federation, resource: &ApiResource) -> Self {
-        let (sender, receiver) = mpsc::unbounded_channel();
-        let api = Api::<DynamicObject>::namespaced_with(
-            federation.hub.clone(),
-            &federation.namespace,
-            resource,
-        );
-        tokio::spawn(async move {
-            let stream = watcher(api, watcher::Config::default())
-                .default_backoff()
-                .applied_objects();
-            futures::pin_mut!(stream);
-            while let Some(event) = stream.next().await {
-                let Ok(object) = event else { continue };
-                if sender.send((object.name_any(), Instant::now())).is_err() {
-                    return;
-                }
-            }
-        });
-        FirstSeen {
-            receiver,
-            seen: HashMap::new(),
-        }
-    }
-
-    /// When `name` was first seen, from what the watch delivered so far.
-    pub fn get(&mut self, name: &str) -> Option<Instant> {
-        while let Ok((seen, at)) = self.receiver.try_recv() {
-            self.seen.entry(seen).or_insert(at);
-        }
-        self.seen.get(name).copied()
-    }
-}
-
-// ---------------------------------------------------------------------------------------
 // Fencing-Lease renewals, timed by watches in every member
 
 /// A renewal of the hub's fencing Lease as a member's watch delivered it.

@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use bulkhead_e2e::bench::{
-    self, BenchNodes, CopyWatch, FirstSeen, HubApiWrites, LeaseWatch, Metrics, Spread,
-    describe_counts, show, signed_seconds,
+    self, BenchNodes, CopyWatch, HubApiWrites, LeaseWatch, Metrics, Spread, describe_counts, show,
+    signed_seconds,
 };
 use bulkhead_e2e::federation::{Federation, deployments, policies};
 use kube::Client;
@@ -216,10 +216,6 @@ async fn bench_burst() -> Result<()> {
     let setup = Setup::start(pods_needed(templates, REPLICAS, changed, CHANGED_REPLICAS)).await?;
     let federation = &setup.federation;
     let mut copies = CopyWatch::start(federation, &deployments());
-    let mut bindings = FirstSeen::start(
-        federation,
-        &kube::api::ApiResource::erase::<bulkhead::api::ResourceBinding>(&()),
-    );
     let mut leases = LeaseWatch::start(federation);
     let baseline_from = Instant::now();
     tokio::time::sleep(Duration::from_secs(
@@ -255,24 +251,6 @@ async fn bench_burst() -> Result<()> {
             })
             .collect(),
     );
-    // Where the per-copy time goes: create returned -> the template's binding seen on
-    // the hub (the hub's watch, queue, decision and binding write), then binding seen ->
-    // copy seen in the member (the member writer's queue, the apply, the member's watch).
-    let mut decided = vec![];
-    let mut propagated = vec![];
-    for (cluster, template) in wanted.keys() {
-        let binding = bulkhead::hub::federation::scheduler::binding_name(template, "Deployment");
-        let (Some(bound), Some(seen)) =
-            (bindings.get(&binding), copies.first_seen(cluster, template))
-        else {
-            continue;
-        };
-        if cluster == WEIGHTS[0].0 {
-            decided.push(bound.saturating_duration_since(created[template]));
-        }
-        propagated.push(seen.saturating_duration_since(bound));
-    }
-    let (decided, propagated) = (Spread::of(decided), Spread::of(propagated));
     let member_apply = |metrics: &Metrics| {
         metrics.histogram(MEMBER_CALL_HISTOGRAM, |l| {
             l.get("verb").map(String::as_str) == Some("apply")
@@ -385,15 +363,6 @@ async fn bench_burst() -> Result<()> {
             None => "-".into(),
         },
         "p99 <= 2 s",
-    );
-    row(
-        "per-copy latency split: create returned -> binding seen on the hub (per template); binding seen -> copy seen in the member (per copy)",
-        format!(
-            "{}; {}",
-            Spread::describe(&decided),
-            Spread::describe(&propagated)
-        ),
-        "-",
     );
     row(
         "the hub's own view: template seen -> copy applied (bulkhead_propagation_latency_seconds); member applies, sent -> answered (bulkhead_member_api_call_duration_seconds)",
