@@ -146,14 +146,17 @@ fn template_key(kind: usize, object: &DynamicObject) -> ObjectKey {
 }
 
 /// The template a binding belongs to, if its kind is federated.
-fn binding_template(kinds: &Kinds, binding: &ResourceBinding) -> Option<ObjectKey> {
-    let resource = &binding.spec.resource;
+fn binding_template(
+    kinds: &Kinds,
+    namespace: Option<&str>,
+    resource: &crate::api::resource_binding::ObjectReference,
+) -> Option<ObjectKey> {
     let kind = kinds
         .iter()
         .position(|(ar, _)| ar.api_version == resource.api_version && ar.kind == resource.kind)?;
     Some(ObjectKey {
         kind,
-        namespace: binding.namespace().unwrap_or_default(),
+        namespace: namespace.unwrap_or_default().to_string(),
         name: resource.name.clone(),
     })
 }
@@ -340,7 +343,11 @@ async fn run_kinds(
         let deleted = matches!(event, watcher::Event::Delete(_));
         match event {
             watcher::Event::Apply(b) | watcher::Event::Delete(b) | watcher::Event::InitApply(b) => {
-                match binding_template(&binding_kinds, &b) {
+                match binding_template(
+                    &binding_kinds,
+                    b.metadata.namespace.as_deref(),
+                    &b.spec.resource,
+                ) {
                     Some(key) if !deleted && is_echo(&binding_echoes, &key, &b) => Trigger::Nothing,
                     Some(key) => Trigger::Template(key),
                     None => {
@@ -598,16 +605,18 @@ fn build_dependency_graph(context: &Context) {
         if !propagates && !has_references {
             continue;
         }
-        for template in context.stores.templates[kind].state() {
+        // One template parsed at a time (10,000 parsed at once would be the hub's
+        // largest peak).
+        context.stores.templates[kind].each(|template: DynamicObject| {
             let key = template_key(kind, &template);
             let reference = matching::TemplateRef::of(resource, &template);
             let chosen = matching::choose_policy(&reference, &candidates);
             let workload = chosen.as_ref().is_some_and(|(p, _)| p.spec.propagate_deps);
             if chosen.is_some() && !workload {
-                continue;
+                return;
             }
             let Some(object) = follow::object_ref(&context.kinds, &key) else {
-                continue;
+                return;
             };
             let whole = context::full_template(&template, context.bodies.get(&key).as_deref());
             let deps = follow::workload_references(&context.kinds, &key, &whole);
@@ -616,14 +625,14 @@ fn build_dependency_graph(context: &Context) {
                 if has_references {
                     followers.push((key, object, deps));
                 }
-                continue;
+                return;
             }
             let clusters = context
                 .binding(&key, &scheduler::binding_name(&key.name, &resource.kind))
                 .map(|b| follow::placed_clusters(&b.spec.clusters))
                 .unwrap_or_default();
             workloads.push((key, object, deps, clusters));
-        }
+        });
     }
     tracing::info!(
         workloads = workloads.len(),
@@ -674,11 +683,25 @@ fn queue_all(context: &Context) {
             });
         }
     }
-    for binding in context.stores.bindings.state() {
-        if let Some(key) = binding_template(&context.kinds, &binding) {
+    // Only what names the template is read of each binding.
+    #[derive(serde::Deserialize)]
+    struct Names {
+        metadata: kube::api::ObjectMeta,
+        spec: Spec,
+    }
+    #[derive(serde::Deserialize)]
+    struct Spec {
+        resource: crate::api::resource_binding::ObjectReference,
+    }
+    context.stores.bindings.each(|names: Names| {
+        if let Some(key) = binding_template(
+            &context.kinds,
+            names.metadata.namespace.as_deref(),
+            &names.spec.resource,
+        ) {
             context.queue.add(key);
         }
-    }
+    });
 }
 
 async fn drive(
@@ -869,11 +892,14 @@ mod tests {
             "spec": {"resource": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"}, "replicas": 3, "clusters": []},
         }))
         .unwrap();
-        let key = binding_template(&kinds, &binding).unwrap();
+        let of = |b: &ResourceBinding| {
+            binding_template(&kinds, b.metadata.namespace.as_deref(), &b.spec.resource)
+        };
+        let key = of(&binding).unwrap();
         assert_eq!(kinds[key.kind].0.kind, "Deployment");
         let mut other = binding.clone();
         other.spec.resource.kind = "StatefulSet".into();
-        assert!(binding_template(&kinds, &other).is_none(), "not federated");
+        assert!(of(&other).is_none(), "not federated");
         assert_eq!((key.namespace.as_str(), key.name.as_str()), ("shop", "web"));
     }
 }

@@ -179,15 +179,27 @@ where
         self.parse(&key, text).map(Arc::new)
     }
 
-    /// Every object, as last seen (each parsed: for passes over all of them).
+    /// Every object, as last seen (each parsed: for passes over all of them that keep
+    /// them; [`TextStore::each`] holds one at a time).
     pub fn state(&self) -> Vec<Arc<K>> {
-        self.read_all::<K>().into_iter().map(Arc::new).collect()
+        let mut all = Vec::new();
+        self.each(|object: K| all.push(Arc::new(object)));
+        all
     }
 
     /// Every object read as `P`, a part of it (serde skips the rest without building
-    /// it): for passes over all of them that need a few fields, such as the labels. The
-    /// packed texts are copied under the lock and read one at a time after it.
+    /// it): for passes over all of them that need a few fields, such as the labels.
     pub fn read_all<P: DeserializeOwned>(&self) -> Vec<P> {
+        let mut all = Vec::new();
+        self.each(|part: P| all.push(part));
+        all
+    }
+
+    /// Calls `f` with every object read as `P` (the object or a part of it), one at a
+    /// time: the packed texts are copied under the store's lock, and each is unpacked and
+    /// parsed after it when its turn comes, so a pass over 10,000 objects holds one parsed
+    /// object at a time.
+    pub fn each<P: DeserializeOwned>(&self, mut f: impl FnMut(P)) {
         let (dictionary, packed): (Arc<[u8]>, Vec<(Key, Packed)>) = {
             let state = self.read();
             (
@@ -199,10 +211,11 @@ where
                     .collect(),
             )
         };
-        packed
-            .into_iter()
-            .filter_map(|(key, packed)| self.parse(&key, unpack_with(&dictionary, &packed)))
-            .collect()
+        for (key, packed) in packed {
+            if let Some(part) = self.parse(&key, unpack_with(&dictionary, &packed)) {
+                f(part);
+            }
+        }
     }
 
     /// The (namespace, name) of every object, without reading them.
