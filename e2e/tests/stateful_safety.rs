@@ -11,11 +11,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use bulkhead::api::{MemberCluster, ResourceBinding, find_condition, is_condition_true};
 use bulkhead_e2e::federation::{
-    Federation, binding_replicas, databases, describe_binding, policies, ready_at, statefulsets,
+    Federation, binding_replicas, databases, deployments, describe_binding, policies, ready_at,
+    statefulsets,
 };
 use bulkhead_e2e::hub_support::{bulkhead, path};
 use bulkhead_e2e::support::Partition;
 use bulkhead_e2e::{Check, wait_for};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{ApiResource, ListParams, Patch, PatchParams};
@@ -206,24 +208,33 @@ fn held(object: &kube::api::DynamicObject) -> Held {
 async fn member_state(federation: &Federation, cluster: &str, kind: Kind) -> Result<MemberState> {
     let client = &federation.members[cluster];
     let namespace = &federation.namespace;
-    let database = match kind {
-        Kind::Database => federation
-            .api(cluster, &databases())
-            .get_opt(kind.name())
-            .await?
-            .as_ref()
-            .map(held),
-        Kind::StatefulSet => None,
+    // The workload's pods only, selected by the API server: other templates may run
+    // hundreds of pods in the namespace.
+    let selector = match kind {
+        Kind::Database => format!("example.com/database={}", kind.name()),
+        Kind::StatefulSet => format!("app={}", kind.name()),
     };
-    let statefulset = federation
-        .api(cluster, &statefulsets())
-        .get_opt(kind.name())
-        .await?
-        .as_ref()
-        .map(held);
-    let pods = Api::<Pod>::namespaced(client.clone(), namespace)
-        .list(&ListParams::default())
-        .await?
+    // The four reads at once: a probe of a loaded member is as slow as its slowest read.
+    let databases_api = federation.api(cluster, &databases());
+    let statefulsets_api = federation.api(cluster, &statefulsets());
+    let pods_api = Api::<Pod>::namespaced(client.clone(), namespace);
+    let claims_api = Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace);
+    let (pod_params, claim_params) = (
+        ListParams::default().labels(&selector),
+        ListParams::default(),
+    );
+    let (database, statefulset, pods, claims) = tokio::try_join!(
+        async {
+            match kind {
+                Kind::Database => databases_api.get_opt(kind.name()).await,
+                Kind::StatefulSet => Ok(None),
+            }
+        },
+        statefulsets_api.get_opt(kind.name()),
+        pods_api.list(&pod_params),
+        claims_api.list(&claim_params),
+    )?;
+    let pods = pods
         .items
         .into_iter()
         .map(|p| {
@@ -231,9 +242,7 @@ async fn member_state(federation: &Federation, cluster: &str, kind: Kind) -> Res
             (p.name_any(), (p.uid().unwrap_or_default(), deleting))
         })
         .collect();
-    let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace)
-        .list(&ListParams::default())
-        .await?
+    let claims = claims
         .items
         .into_iter()
         .map(|c| {
@@ -247,8 +256,8 @@ async fn member_state(federation: &Federation, cluster: &str, kind: Kind) -> Res
         })
         .collect();
     Ok(MemberState {
-        database,
-        statefulset,
+        database: database.as_ref().map(held),
+        statefulset: statefulset.as_ref().map(held),
         pods,
         claims,
     })
@@ -259,14 +268,14 @@ async fn states(
     clusters: &[&str],
     kind: Kind,
 ) -> Result<BTreeMap<String, MemberState>> {
-    let mut all = BTreeMap::new();
-    for cluster in clusters {
-        all.insert(
-            cluster.to_string(),
-            member_state(federation, cluster, kind).await?,
-        );
-    }
-    Ok(all)
+    // Every cluster at once, as above.
+    let read = futures::future::try_join_all(
+        clusters
+            .iter()
+            .map(|cluster| member_state(federation, cluster, kind)),
+    )
+    .await?;
+    Ok(clusters.iter().map(|c| c.to_string()).zip(read).collect())
 }
 
 /// Waits until `cluster` holds `count` Bound claims (kwok binds them a moment after the
@@ -587,7 +596,8 @@ async fn scale_down_during_a_partition_keeps_every_database() -> Result<()> {
     // East weighs more: the scale to 1 keeps the cut-off east and drops the reachable,
     // writable west, the copy the hub used to delete (issue 13, first scenario).
     let federation = federation("safe-down-cut", kind, (2, 1)).await?;
-    partition_scale_down_keeps_everything(&federation, kind, "west").await
+    partition_scale_down_keeps_everything(&federation, kind, "west", async || Ok(String::new()))
+        .await
 }
 
 #[tokio::test]
@@ -607,7 +617,137 @@ async fn a_plain_statefulset_template_is_frozen_too() -> Result<()> {
             "{cluster}"
         );
     }
-    partition_scale_down_keeps_everything(&federation, kind, "east").await
+    partition_scale_down_keeps_everything(&federation, kind, "east", async || Ok(String::new()))
+        .await
+}
+
+/// Deployment templates in the burst of [`the_partition_rules_hold_during_a_burst`].
+const BURST: usize = 120;
+/// Their replicas: 1 + 1 + 1 over the three members.
+const BURST_REPLICAS: i64 = 3;
+
+fn burst_name(i: usize) -> String {
+    format!("burst-{i:03}")
+}
+
+/// Test 1 again while the hub is busy (issue 14): a burst of 120 Deployment templates
+/// (3 replicas, 1:1:1 over the three members, stateless failover after 5 s) is created
+/// by 4 clients while east is cut off and the database scaled down. The database rules
+/// hold as in test 1, and the stateless ones with them: every template's 3 replicas
+/// Ready in west and north while east is cut off (the templates created before the cut
+/// fail over, the later ones never go to east), and back to 1 + 1 + 1 after the heal.
+#[tokio::test]
+async fn the_partition_rules_hold_during_a_burst() -> Result<()> {
+    let kind = Kind::Database;
+    let federation = federation("safe-burst", kind, (2, 1)).await?;
+    federation
+        .apply(
+            &policies(),
+            federation.policy(
+                "burst",
+                json!([{"apiVersion": "apps/v1", "kind": "Deployment", "name": "burst-*"}]),
+                json!({"replicaScheduling": {"type": "Divided", "divisionPreference": "Weighted"}}),
+                json!({"failover": {"stateless": {"tolerationSeconds": 5}}}),
+            ),
+        )
+        .await?;
+    let api = federation.api("hub", &deployments());
+    let started = Instant::now();
+    let creating = tokio::spawn(async move {
+        futures::stream::iter(0..BURST)
+            .map(|i| {
+                let api = api.clone();
+                async move {
+                    let name = burst_name(i);
+                    let template: kube::api::DynamicObject = serde_json::from_value(json!({
+                        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+                        "spec": {"replicas": BURST_REPLICAS, "selector": {"matchLabels": {"app": name}},
+                                 "template": {"metadata": {"labels": {"app": name}},
+                                              "spec": {"containers": [{"name": "web", "image": "nginx"}]}}}
+                    }))?;
+                    api.create(&Default::default(), &template).await?;
+                    anyhow::Ok(())
+                }
+            })
+            .buffer_unordered(4)
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect::<Result<Vec<()>>>()
+            .map(|_| started.elapsed())
+    });
+    let burst = &federation;
+    partition_scale_down_keeps_everything(&federation, kind, "west", async move || {
+        let created = creating.await??;
+        let survivors = wait_burst(burst, &[("west", None), ("north", None)], "3 Ready in west and north").await?;
+        Ok(format!(
+            "; meanwhile {BURST} Deployment templates created in {:.1}s, all {BURST_REPLICAS} replicas of each Ready in west and north {:.1}s after the last create",
+            created.as_secs_f64(),
+            survivors.as_secs_f64()
+        ))
+    })
+    .await?;
+    let healed = Instant::now();
+    wait_burst(
+        &federation,
+        &[("east", Some(1)), ("west", Some(1)), ("north", Some(1))],
+        "1 + 1 + 1 Ready after the heal",
+    )
+    .await?;
+    println!(
+        "the burst's {BURST} templates back to 1 + 1 + 1 Ready {:.1}s after the heal checks ended",
+        healed.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Waits until every burst template has its replicas Ready in `clusters` (read inside
+/// their zones): `Some(n)` n in that cluster, `None` any number as long as they add up
+/// to [`BURST_REPLICAS`]. Returns how long it waited.
+async fn wait_burst(
+    federation: &Federation,
+    clusters: &[(&str, Option<i64>)],
+    what: &str,
+) -> Result<Duration> {
+    let started = Instant::now();
+    wait_for(
+        &format!("the burst's templates: {what}"),
+        Duration::from_secs(180),
+        || async move {
+            let mut ready: BTreeMap<String, i64> = BTreeMap::new();
+            let mut wrong = vec![];
+            for (cluster, wanted) in clusters {
+                let copies = match federation.api(cluster, &deployments()).list(&ListParams::default()).await {
+                    Ok(list) => list.items,
+                    Err(e) => return Check::Waiting(format!("{cluster}: {e}")),
+                };
+                for copy in copies.iter().filter(|c| c.name_any().starts_with("burst-")) {
+                    let n = copy.data["status"]["readyReplicas"].as_i64().unwrap_or(0);
+                    *ready.entry(copy.name_any()).or_default() += n;
+                    if wanted.is_some_and(|w| copy.data["spec"]["replicas"].as_i64() != Some(w) || n != w) {
+                        wrong.push(format!("{cluster}/{}", copy.name_any()));
+                    }
+                }
+            }
+            let short: Vec<String> = (0..BURST)
+                .map(burst_name)
+                .filter(|name| ready.get(name).copied().unwrap_or(0) != BURST_REPLICAS)
+                .collect();
+            if short.is_empty() && wrong.is_empty() {
+                Check::Done(())
+            } else {
+                Check::Waiting(format!(
+                    "{} templates not at {BURST_REPLICAS} Ready (e.g. {:?}); {} copies off their share (e.g. {:?})",
+                    short.len(),
+                    short.iter().take(3).collect::<Vec<_>>(),
+                    wrong.len(),
+                    wrong.iter().take(3).collect::<Vec<_>>()
+                ))
+            }
+        },
+    )
+    .await?;
+    Ok(started.elapsed())
 }
 
 /// Test 1 and 4: 1 + 1, east cut off, scaled to 1; nothing deleted or shrunk while east
@@ -618,6 +758,7 @@ async fn partition_scale_down_keeps_everything(
     federation: &Federation,
     kind: Kind,
     dropped: &str,
+    while_cut: impl AsyncFnOnce() -> Result<String>,
 ) -> Result<()> {
     let both = ["east", "west"];
     let before = states(federation, &both, kind).await?;
@@ -663,6 +804,19 @@ async fn partition_scale_down_keeps_everything(
         "still waiting after the steady window: {}",
         describe_binding(&still)
     );
+
+    // What else a test checks while east is cut off (a burst's failover).
+    let meanwhile = while_cut().await?;
+    let still = federation
+        .binding(&kind.binding())
+        .await?
+        .context("binding")?;
+    assert!(
+        has_reason(&still, "Propagated", "False", "WaitingForPartition"),
+        "still waiting before the heal: {}",
+        describe_binding(&still)
+    );
+    hold_steady(federation, &both, kind, &before, STEADY).await?;
 
     // Heal: the change completes, make-before-break.
     partition.heal()?;
@@ -726,7 +880,7 @@ async fn partition_scale_down_keeps_everything(
     println!(
         "{} scale-down 2 -> 1 during a partition: east not Ready {:.1}s after the cut{}; \
          WaitingForPartition {:.1}s after the scale; {probes} probes over {:.0}s saw nothing deleted or shrunk; \
-         after the heal the change completed in {:.1}s: kept {kept} (same UIDs), removed {removed} with its {} claim(s) kept",
+         after the heal the change completed in {:.1}s: kept {kept} (same UIDs), removed {removed} with its {} claim(s) kept{meanwhile}",
         kind.kind(),
         detected.as_secs_f64(),
         fenced
