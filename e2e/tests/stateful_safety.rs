@@ -625,6 +625,8 @@ async fn a_plain_statefulset_template_is_frozen_too() -> Result<()> {
 const BURST: usize = 120;
 /// Their replicas: 1 + 1 + 1 over the three members.
 const BURST_REPLICAS: i64 = 3;
+/// One create every 80 ms: 120 over about 10 s.
+const BURST_PACE: Duration = Duration::from_millis(80);
 
 fn burst_name(i: usize) -> String {
     format!("burst-{i:03}")
@@ -632,7 +634,7 @@ fn burst_name(i: usize) -> String {
 
 /// Test 1 again while the hub is busy (issue 14): a burst of 120 Deployment templates
 /// (3 replicas, 1:1:1 over the three members, stateless failover after 5 s) is created
-/// by 4 clients while east is cut off and the database scaled down. The database rules
+/// by 4 clients over about 10 s while east is cut off and the database scaled down. The database rules
 /// hold as in test 1, and the stateless ones with them: every template's 3 replicas
 /// Ready in west and north while east is cut off (the templates created before the cut
 /// fail over, the later ones never go to east), and back to 1 + 1 + 1 after the heal.
@@ -658,6 +660,12 @@ async fn the_partition_rules_hold_during_a_burst() -> Result<()> {
             .map(|i| {
                 let api = api.clone();
                 async move {
+                    // Paced over about 10 s, so the burst spans the cut, its detection,
+                    // the scale-down and the first steady window.
+                    tokio::time::sleep_until(
+                        tokio::time::Instant::from_std(started) + BURST_PACE * i as u32,
+                    )
+                    .await;
                     let name = burst_name(i);
                     let template: kube::api::DynamicObject = serde_json::from_value(json!({
                         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
