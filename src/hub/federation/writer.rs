@@ -150,8 +150,9 @@ enum Fresh {
 }
 
 /// The state of one copy in a writer. A writer keeps one per copy it ever wrote, so a
-/// settled copy's record is small (about 90 bytes): what only a write on its way needs
-/// is in [`Busy`], dropped once the write is done and the watch has caught up with it.
+/// settled copy's record is small (about 100 bytes, plus its key): what only a write on
+/// its way needs is in [`Busy`], dropped once the write is done and the watch has caught
+/// up with it.
 #[derive(Clone, Debug)]
 struct Record {
     fingerprint: u64,
@@ -294,7 +295,7 @@ fn all_writers(inner: &Inner) -> Vec<Arc<MemberWriter>> {
         .collect()
 }
 
-/// Counts member API calls (cluster, verb, ok).
+/// Counts member API calls and times them (cluster, verb, ok, from sending to the answer).
 pub type CallCounter = Arc<dyn Fn(&str, &str, bool, Duration) + Send + Sync>;
 
 /// Every member's writer. Cheap to clone.
