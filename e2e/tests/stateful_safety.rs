@@ -803,27 +803,11 @@ async fn partition_scale_down_keeps_everything(
     let probes = hold_steady(federation, &both, kind, &before, STEADY).await?;
     let table = get_bindings(federation)?;
     assert!(table.contains("WaitingForPartition"), "{table}");
-    let still = federation
-        .binding(&kind.binding())
-        .await?
-        .context("binding")?;
-    assert!(
-        has_reason(&still, "Propagated", "False", "WaitingForPartition"),
-        "still waiting after the steady window: {}",
-        describe_binding(&still)
-    );
+    assert_still_waiting(federation, kind, "after the steady window").await?;
 
     // What else a test checks while east is cut off (a burst's failover).
     let meanwhile = while_cut().await?;
-    let still = federation
-        .binding(&kind.binding())
-        .await?
-        .context("binding")?;
-    assert!(
-        has_reason(&still, "Propagated", "False", "WaitingForPartition"),
-        "still waiting before the heal: {}",
-        describe_binding(&still)
-    );
+    assert_still_waiting(federation, kind, "before the heal").await?;
     hold_steady(federation, &both, kind, &before, STEADY).await?;
 
     // Heal: the change completes, make-before-break.
@@ -898,6 +882,20 @@ async fn partition_scale_down_keeps_everything(
         STEADY.as_secs_f64(),
         completed.as_secs_f64(),
         before[removed].claims.len(),
+    );
+    Ok(())
+}
+
+/// The binding still says the change waits for the partition (`when`: for the message).
+async fn assert_still_waiting(federation: &Federation, kind: Kind, when: &str) -> Result<()> {
+    let still = federation
+        .binding(&kind.binding())
+        .await?
+        .context("binding")?;
+    assert!(
+        has_reason(&still, "Propagated", "False", "WaitingForPartition"),
+        "still waiting {when}: {}",
+        describe_binding(&still)
     );
     Ok(())
 }

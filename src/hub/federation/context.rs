@@ -539,6 +539,11 @@ impl Bodies {
         held.packer.unpack(held.bodies.get(key)?)
     }
 
+    /// Whether the body of `key` is held (without unpacking it).
+    pub fn contains(&self, key: &ObjectKey) -> bool {
+        self.lock().bodies.contains_key(key)
+    }
+
     pub fn remove(&self, key: &ObjectKey) {
         self.lock().bodies.remove(key);
     }

@@ -36,10 +36,15 @@ pub struct Packer {
 impl Packer {
     /// Packs `text` with the current dictionary. Call [`Packer::due`] after storing it.
     pub fn pack(&mut self, text: &[u8]) -> Packed {
-        if self.recent.len() == DICTIONARY_TEXTS {
-            self.recent.pop_front();
-        }
-        self.recent.push_back(text.to_vec());
+        // The oldest recent text's buffer is reused for the newest.
+        let mut kept = if self.recent.len() == DICTIONARY_TEXTS {
+            self.recent.pop_front().unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        kept.clear();
+        kept.extend_from_slice(text);
+        self.recent.push_back(kept);
         self.since_renewal += 1;
         lz4_flex::block::compress_prepend_size_with_dict(text, &self.dictionary).into_boxed_slice()
     }

@@ -103,7 +103,7 @@ pub(super) async fn reconcile(context: &Arc<Context>, key: &ObjectKey) -> Option
             delete_template(context, key, &resource, &template, binding, views, now).await
         }
         Some(template) => {
-            if context.bodies.get(key).is_none() {
+            if !context.bodies.contains(key) {
                 // Its body is what the copies are built from: without it nothing is
                 // written (a copy applied without it would lose its spec in the member).
                 // Not expected: the watch keeps the body with the template.

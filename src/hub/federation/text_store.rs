@@ -179,14 +179,6 @@ where
         self.parse(&key, text).map(Arc::new)
     }
 
-    /// Every object, as last seen (each parsed: for passes over all of them that keep
-    /// them; [`TextStore::each`] holds one at a time).
-    pub fn state(&self) -> Vec<Arc<K>> {
-        let mut all = Vec::new();
-        self.each(|object: K| all.push(Arc::new(object)));
-        all
-    }
-
     /// Every object read as `P`, a part of it (serde skips the rest without building
     /// it): for passes over all of them that need a few fields, such as the labels.
     pub fn read_all<P: DeserializeOwned>(&self) -> Vec<P> {
@@ -299,7 +291,7 @@ mod tests {
         assert!(store.ready(), "still ready while relisting");
         store.apply(&watcher::Event::InitDone);
         assert!(store.get("shop", "web").is_none());
-        let all = store.state();
+        let all: Vec<DynamicObject> = store.read_all();
         assert_eq!(all.len(), 1);
         assert_eq!(all[0].name_any(), "api");
     }
@@ -350,7 +342,7 @@ mod tests {
             );
         }
         assert!(store.get("shop", "web-0300").is_none(), "not listed again");
-        assert_eq!(store.state().len(), 200);
+        assert_eq!(store.read_all::<DynamicObject>().len(), 200);
     }
 
     #[test]
