@@ -647,8 +647,20 @@ fn hub_owned(copy: &Value, paths: &WorkloadPaths) -> Vec<(String, Value)> {
             copy.pointer(replicas).cloned().unwrap_or(Value::Null),
         ));
     }
+    // Present when the hub set it (a StatefulSet copy keeps its claims): an override
+    // that removes or changes it would let the member delete the claims, and the data.
+    owned.push((
+        CLAIM_RETENTION.to_string(),
+        copy.pointer(CLAIM_RETENTION)
+            .cloned()
+            .unwrap_or(Value::Null),
+    ));
     owned
 }
+
+/// Where a StatefulSet copy says what happens to its claims; the hub sets Retain for
+/// both cases and overrides may not change it.
+const CLAIM_RETENTION: &str = "/spec/persistentVolumeClaimRetentionPolicy";
 
 /// The first hub-owned field `copy` no longer holds as it did, and what it is.
 fn changed_owned(
@@ -660,6 +672,8 @@ fn changed_owned(
     owned.iter().zip(&now).find(|(a, b)| a != b).map(|((path, _), _)| {
         let why = if path.starts_with("/metadata/labels") || path.starts_with("/metadata/annotations") {
             format!("it changes {path}/{}*: Bulkhead's own keys, which name the template the copy belongs to and the hash of what the hub applied", escape(HUB_KEY_PREFIX))
+        } else if path == CLAIM_RETENTION {
+            format!("it changes {path}, which the hub sets to Retain so that the member never deletes the copy's volume claims (the data) when it is scaled down or deleted")
         } else if Some(path) == paths.replicas.as_ref() {
             format!("it changes {path}, the cluster's share of the replicas, which the hub writes for each cluster")
         } else {
@@ -1011,6 +1025,9 @@ pub fn hub_owned_path(pointer: &str, replicas: Option<&str>) -> Option<String> {
             "the path is the whole {} map, which holds Bulkhead's own keys: patch single keys (/{}/<key>) or use {}Overrider",
             tokens[1], pointer.trim_start_matches('/'), tokens[1]
         )),
+        ["spec", "persistentVolumeClaimRetentionPolicy", ..] => Some(
+            "the hub keeps a StatefulSet copy's volume claims (whenDeleted and whenScaled: Retain), so that scaling down or deleting a copy never deletes its data; the field may not be overridden".into(),
+        ),
         ["metadata", "labels" | "annotations", key, ..] if key.starts_with(HUB_KEY_PREFIX) => Some(format!(
             "{key} is one of Bulkhead's own {} ({HUB_KEY_PREFIX}...), which the hub writes on every copy; use another key",
             tokens[1]

@@ -759,6 +759,67 @@ fn hub_owned_fields_are_refused() {
 }
 
 #[test]
+fn a_statefulset_copy_keeps_its_claims_whatever_the_overrides_say() {
+    let template = json!({
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": "db", "namespace": "shop"},
+        "spec": {"replicas": 2, "serviceName": "db", "selector": {"matchLabels": {"app": "db"}},
+                 "template": {"metadata": {"labels": {"app": "db"}}, "spec": {"containers": [{"name": "db", "image": "postgres"}]}}}
+    });
+    let interpretation =
+        crate::hub::federation::interpreter::Interpreters::built_in().get("apps/v1", "StatefulSet");
+    let original = member_copy(&template, "shop.db", Some(1), &interpretation);
+    assert_eq!(
+        original["spec"]["persistentVolumeClaimRetentionPolicy"],
+        json!({"whenDeleted": "Retain", "whenScaled": "Retain"})
+    );
+    // Refused when the policy is written (the webhook's check)...
+    let direct = "/spec/persistentVolumeClaimRetentionPolicy/whenDeleted";
+    assert!(
+        hub_owned_path(direct, Some("/spec/replicas"))
+            .is_some_and(|why| why.contains("never deletes its data")),
+    );
+    // ...and when it is applied, however the patch reaches it (the lab's override:
+    // a JSON patch of the whole field, and one of the whole spec).
+    for (path, value) in [
+        (
+            "/spec/persistentVolumeClaimRetentionPolicy",
+            json!({"whenDeleted": "Delete", "whenScaled": "Delete"}),
+        ),
+        (direct, json!("Delete")),
+        (
+            "/spec",
+            json!({"replicas": 1, "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Delete"}}),
+        ),
+    ] {
+        let policy = spec(vec![rule(
+            zone("zone-a"),
+            Overriders {
+                plaintext: vec![plaintext(PatchOp::Replace, path, Some(value))],
+                ..Default::default()
+            },
+        )]);
+        let mut body = original.clone();
+        let error = apply(
+            &mut body,
+            &cluster("east", "zone-a"),
+            &[namespaced("keep-nothing", &policy)],
+            &paths(),
+        )
+        .unwrap_err();
+        assert!(
+            error
+                .path
+                .starts_with("/spec/persistentVolumeClaimRetentionPolicy"),
+            "{error}"
+        );
+        // The path is refused as it is written, or the change when it is applied.
+        assert!(error.message.contains("Retain"), "{error}");
+        assert_eq!(body, original, "nothing of the override is applied");
+    }
+}
+
+#[test]
 fn the_applied_hash_covers_the_overridden_body() {
     let mirror = |registry: &str| {
         spec(vec![rule(
