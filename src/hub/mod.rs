@@ -134,6 +134,9 @@ pub struct HubState {
     /// Whether this replica leads (`--leader-elect`); only the leader writes. Always the
     /// leader without leader election.
     pub leadership: crate::leader::Leadership,
+    /// Fresh positive evidence of each member: what a stateful delete or shrink needs of
+    /// every cluster involved (DESIGN.md section 5).
+    pub evidence: membership::evidence::Evidence,
 }
 
 impl Default for HubState {
@@ -143,6 +146,7 @@ impl Default for HubState {
             board: prober::HealthBoard::default(),
             hub_health: Arc::new(ArcSwap::from_pointee(HubHealth::default())),
             leadership: crate::leader::Leadership::always(),
+            evidence: membership::evidence::Evidence::default(),
         }
     }
 }
@@ -222,6 +226,7 @@ pub async fn run(options: HubOptions) -> Result<()> {
         process.readiness.set_ready();
         let state = HubState {
             leadership,
+            evidence: membership::evidence::Evidence::new(options.lease_renew_interval),
             ..HubState::default()
         };
         run_membership(&process, &options, identity, state).await;
@@ -285,6 +290,7 @@ pub async fn run_membership(
         capacity_interval: options.capacity_interval,
         cluster_ids: Arc::default(),
         leadership: state.leadership.clone(),
+        evidence: state.evidence.clone(),
     };
     let probers = tokio::spawn(tasks::per_member(
         state.registry.clone(),
@@ -294,6 +300,7 @@ pub async fn run_membership(
 
     let lease_settings = lease::LeaseSettings {
         leadership: state.leadership.clone(),
+        evidence: state.evidence.clone(),
         identity,
         renew_interval: options.lease_renew_interval,
         duration: options.lease_duration,

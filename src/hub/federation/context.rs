@@ -691,6 +691,23 @@ impl Context {
         )
     }
 
+    /// Why the hub lacks fresh positive evidence of `cluster` for a stateful delete or
+    /// shrink (`membership::evidence`); None: it has it.
+    pub fn doubt(&self, cluster: &str) -> Option<String> {
+        let probe_every = self
+            .state
+            .registry
+            .get(cluster)
+            .map(|member| {
+                Duration::from_secs(
+                    (member.probe.interval_seconds.max(1) + member.probe.timeout_seconds.max(1))
+                        as u64,
+                )
+            })
+            .unwrap_or(Duration::ZERO);
+        self.state.evidence.doubt(cluster, probe_every)
+    }
+
     /// What placement knows of every member, sorted by name: built again only when a
     /// MemberCluster or the hub's health changed since the last call.
     pub fn views(&self) -> Arc<ClusterSet> {

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::{StreamExt, stream};
 use kube::api::{ApiResource, DynamicObject};
@@ -22,6 +22,7 @@ use crate::api::LABEL_MANAGED_BY;
 use crate::hub::federation::copies::MANAGED_BY;
 use crate::hub::federation::interpreter::Interpretation;
 use crate::hub::federation::text_store::TextStore;
+use crate::hub::membership::evidence::Evidence;
 use crate::hub::membership::health::{FailureKind, Health};
 use crate::hub::membership::prober::HealthBoard;
 use crate::hub::{Registry, tasks};
@@ -55,6 +56,13 @@ impl ClusterCopies {
             .iter()
             .find(|(ar, _)| ar.kind == resource.kind && ar.group == resource.group)
             .map(|(_, store)| store)
+    }
+
+    /// Every kind's copies have been listed completely (or the member refuses the kind).
+    fn all_listed(&self) -> bool {
+        self.stores
+            .iter()
+            .all(|(resource, _)| self.synced(resource))
     }
 
     /// The copies of this kind have been listed completely at least once.
@@ -113,6 +121,9 @@ pub enum Look {
         uid: Option<String>,
         generation: Option<i64>,
     },
+    /// At once: the copy with this UID was deleted (a write's response that returned it
+    /// no longer stands for it).
+    Gone { uid: Option<String> },
 }
 
 /// Every member's copies. Cheap to clone.
@@ -159,11 +170,13 @@ impl CopyCaches {
 /// The template kinds, with how each is read (by kind index).
 pub type Kinds = Arc<[(ApiResource, Arc<Interpretation>)]>;
 
-/// Watches every member's copies of `kinds` until shutdown.
+/// Watches every member's copies of `kinds` until shutdown; tells `evidence` when a
+/// member's copies have been listed, and lists them again when the member was suspect.
 pub async fn run(
     caches: CopyCaches,
     registry: Registry,
     board: HealthBoard,
+    evidence: Evidence,
     kinds: Kinds,
     shutdown: CancellationToken,
 ) {
@@ -173,6 +186,7 @@ pub async fn run(
             caches.clone(),
             inner.clone(),
             board.clone(),
+            evidence.clone(),
             kinds.clone(),
             name,
             cancel,
@@ -205,18 +219,22 @@ fn may_watch(board: &HealthBoard, name: &str) -> bool {
     })
 }
 
-/// Watches one member; restarts its watches when its credentials change or it turns
-/// healthy again after a failure.
+/// Watches one member; restarts its watches when its credentials change, it turns
+/// healthy again after a failure, or it answers again after it was suspect (one failed
+/// probe or lease renewal: a watch may have silently died meanwhile, and a stateful
+/// delete needs copies listed since the member was last suspect).
 async fn watch_member(
     caches: CopyCaches,
     registry: Registry,
     board: HealthBoard,
+    evidence: Evidence,
     kinds: Kinds,
     name: String,
     cancel: CancellationToken,
 ) {
     let mut registry_changes = registry.subscribe();
     let mut board_changes = board.subscribe();
+    let mut evidence_changes = evidence.subscribe();
     'connect: loop {
         let Some(handle) = registry.get(&name) else {
             break;
@@ -244,17 +262,33 @@ async fn watch_member(
                 _ = board_changes.changed() => continue,
             }
         }
+        let started = Instant::now();
         let (copies, mut events) = start_watches(&client, &kinds, &name);
-        caches.set(&name, Some(Arc::new(copies)));
+        let copies = Arc::new(copies);
+        caches.set(&name, Some(copies.clone()));
         let mut was_healthy = is_healthy(&board, &name);
+        let mut listed = false;
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => break 'connect,
-                event = events.next() => match event {
-                    Some(Some(event)) => caches.tell(event),
-                    Some(None) => {}
-                    None => tokio::time::sleep(Duration::from_secs(1)).await,
-                },
+                event = events.next() => {
+                    match event {
+                        Some(Some(event)) => caches.tell(event),
+                        Some(None) => {}
+                        None => tokio::time::sleep(Duration::from_secs(1)).await,
+                    }
+                    if !listed && copies.all_listed() {
+                        listed = true;
+                        evidence.listed(&name, started);
+                    }
+                }
+                changed = evidence_changes.changed() => {
+                    if changed.is_err() { break 'connect }
+                    if evidence.record(&name).is_some_and(|r| r.relist_due(started)) {
+                        tracing::debug!(member = %name, "member answers again after it was suspect; re-listing its copies");
+                        continue 'connect;
+                    }
+                }
                 changed = registry_changes.changed() => {
                     if changed.is_err() { break 'connect }
                     let now = registry.get(&name).and_then(|h| h.connection.ok().map(|c| c.secret_version));
@@ -568,7 +602,10 @@ fn copy_event(
             };
             Some(changed(&object, look))
         }
-        watcher::Event::Delete(object) => Some(changed(&object, Look::Now)),
+        watcher::Event::Delete(object) => {
+            let uid = object.metadata.uid.clone();
+            Some(changed(&object, Look::Gone { uid }))
+        }
         watcher::Event::InitDone => Some(CopyEvent::Relisted {
             cluster: cluster.to_string(),
         }),
@@ -785,7 +822,9 @@ mod tests {
         );
         assert_eq!(
             look(watcher::Event::Delete(object), Seen::Change),
-            Look::Now
+            Look::Gone {
+                uid: Some("u".into())
+            }
         );
     }
 

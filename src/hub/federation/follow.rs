@@ -238,6 +238,13 @@ impl Follow {
     }
 }
 
+/// Whether a dependency that no placed workload references any more leaves the clusters
+/// it followed its workloads to. A claim does not: it holds data, and only deleting it on
+/// the hub deletes its copies.
+pub fn leaves_when_unreferenced(object: &ObjectRef) -> bool {
+    !object.is_persistent_volume_claim()
+}
+
 /// The clusters a following dependency is placed in: where its workloads are, and for a
 /// claim also wherever it already is (a claim never leaves because its workload did).
 pub fn following_clusters(
@@ -336,7 +343,7 @@ mod tests {
     }
 
     #[test]
-    fn a_claim_never_leaves_a_cluster_its_workload_left() {
+    fn a_claim_never_leaves_a_cluster_its_workload_left_nor_when_none_references_it() {
         let claim = ObjectRef::new("v1", "PersistentVolumeClaim", "shop", "data");
         let config = ObjectRef::new("v1", "ConfigMap", "shop", "settings");
         let current = [TargetCluster {
@@ -351,6 +358,14 @@ mod tests {
             following_clusters(&config, &clusters(&["east"]), &current),
             clusters(&["east"])
         );
+        // The workload was deleted, stopped naming it, or its policy went: nothing
+        // follows any more, and the claim is still placed where it is.
+        assert_eq!(
+            following_clusters(&claim, &BTreeSet::new(), &current),
+            clusters(&["west"])
+        );
+        assert!(!leaves_when_unreferenced(&claim));
+        assert!(leaves_when_unreferenced(&config));
     }
 
     /// Kinds 0 Gizmo (its interpreter names a ConfigMap and partner Gizmos), 1 ConfigMap.

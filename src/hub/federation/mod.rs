@@ -250,6 +250,7 @@ async fn run_kinds(
         caches.clone(),
         state.registry.clone(),
         state.board.clone(),
+        state.evidence.clone(),
         kinds.clone(),
         shutdown.clone(),
     ));
@@ -258,6 +259,7 @@ async fn run_kinds(
     let call_duration = controller_metrics.member_call_duration.clone();
     let writers = Writers::new(
         state.registry.clone(),
+        state.evidence.clone(),
         state.leadership.clone(),
         kinds.clone(),
         completed,
@@ -511,6 +513,10 @@ async fn run_kinds(
                         };
                         let later = match look {
                             Look::Now => false,
+                            Look::Gone { uid } => {
+                                context.writers.seen_gone(&cluster, &key, uid.as_deref());
+                                false
+                            }
                             Look::Later => true,
                             Look::LaterIfWritten { uid, generation } => {
                                 context

@@ -19,6 +19,14 @@
 //!
 //! An unreachable cluster's copy never counts as Ready for make-before-break: what the
 //! hub last saw of it may be minutes old.
+//!
+//! For stateful kinds "Ready" is not enough: the MemberCluster's condition lags a cut by
+//! the probe thresholds while the cut-off member's agent fences at the lease duration. A
+//! cluster without fresh positive evidence ([`MemberCopy::doubt`]: one failed probe or
+//! lease renewal, evidence older than its window, copies not listed since it was last
+//! suspect) counts as not Ready for the freeze and for make-before-break, and every
+//! stateful delete or shrink carries the clusters the writer must find trusted again
+//! right before it sends the request ([`Apply::guard`], [`Delete::guard`]).
 
 use std::collections::BTreeMap;
 
@@ -40,6 +48,11 @@ pub struct MemberCopy<'a> {
     pub synced: bool,
     /// The managed copy as last seen (possibly stale while the cluster is unreachable).
     pub copy: Option<&'a DynamicObject>,
+    /// Stateful kinds: why the hub lacks fresh positive evidence of the cluster
+    /// (`membership::evidence`), which makes it count as not Ready for the partition
+    /// freeze and make-before-break. None: it has the evidence (or the kind is
+    /// stateless, for which the Ready condition decides).
+    pub doubt: Option<&'a str>,
 }
 
 /// One propagation question.
@@ -75,6 +88,10 @@ pub struct Apply {
     /// The hub has not seen a managed copy there: the executor must first check for an
     /// unmanaged object of the same name (conflictResolution).
     pub check_conflict: bool,
+    /// A stateful copy shrinks: the clusters of the current and new placement, each of
+    /// which the writer must find trusted right before it sends the request. Empty for
+    /// every other apply.
+    pub guard: Vec<String>,
 }
 
 /// Deletion of a managed copy, guarded by its UID.
@@ -85,6 +102,9 @@ pub struct Delete {
     /// The user deleted the template (not a placement change): the executor marks a
     /// stateful copy so its agent may apply `reclaimPolicy: Delete` to the volumes.
     pub template_deleted: bool,
+    /// A stateful copy removed by a placement change: the clusters the writer must find
+    /// trusted right before it sends the request (see [`Apply::guard`]).
+    pub guard: Vec<String>,
 }
 
 /// The answer.
@@ -148,12 +168,22 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     }
     let target = |cluster: &str| input.targets.iter().find(|t| t.name == cluster);
     let replacement_ready = replacement_ready(input);
-    let frozen_by = partition_freeze(input);
+    let involved = stateful_placement(input);
+    let frozen_by: Vec<String> = involved
+        .iter()
+        .filter(|cluster| !trusted(input, cluster))
+        .map(|cluster| cluster.to_string())
+        .collect();
     let frozen = !frozen_by.is_empty();
+    let guard: Vec<String> = involved.iter().map(|c| c.to_string()).collect();
     let waiting = || {
         format!(
             "waiting for the partition: {} not Ready, so no copy of this stateful template is deleted or shrunk anywhere",
-            frozen_by.join(", ")
+            frozen_by
+                .iter()
+                .map(|cluster| not_ready_because(input, cluster))
+                .collect::<Vec<_>>()
+                .join(", ")
         )
     };
     let mut held: Vec<String> = vec![];
@@ -187,8 +217,9 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                     continue;
                 }
                 let mut replicas = t.replicas;
+                let current = member.copy.and_then(copy_replicas);
                 if input.interpretation.divisible()
-                    && let Some(current) = member.copy.and_then(copy_replicas)
+                    && let Some(current) = current
                     && current > replicas
                 {
                     if frozen {
@@ -233,10 +264,13 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                 if member.copy.is_some_and(|copy| copy_matches(&desired, copy)) {
                     continue;
                 }
+                let shrinks = input.interpretation.divisible()
+                    && current.is_some_and(|current| current > replicas);
                 plan.applies.push(Apply {
                     cluster,
                     object: desired,
                     check_conflict: member.copy.is_none(),
+                    guard: if shrinks { guard.clone() } else { vec![] },
                 });
             }
             None => {
@@ -257,6 +291,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                             cluster: cluster.clone(),
                             uid: member.copy.and_then(|c| c.metadata.uid.clone()),
                             template_deleted: false,
+                            guard: guard.clone(),
                         });
                         plan.notes.insert(
                             cluster.clone(),
@@ -298,19 +333,35 @@ pub fn override_failure(error: &OverrideError, cluster: &str) -> String {
     )
 }
 
+/// Whether a cluster counts as Ready for a stateful template's deletes and shrinks: its
+/// MemberCluster is Ready and the hub has fresh positive evidence of it. A cluster the
+/// hub no longer knows (unjoined) does not.
+fn trusted(input: &PlanInput<'_>, cluster: &str) -> bool {
+    input
+        .members
+        .iter()
+        .any(|m| m.cluster == cluster && m.reachable && m.doubt.is_none())
+}
+
+/// `cluster`, and why it is not trusted when the Ready condition does not say it.
+fn not_ready_because(input: &PlanInput<'_>, cluster: &str) -> String {
+    match input.members.iter().find(|m| m.cluster == cluster) {
+        Some(MemberCopy {
+            reachable: true,
+            doubt: Some(doubt),
+            ..
+        }) => format!("{cluster} ({doubt})"),
+        _ => cluster.to_string(),
+    }
+}
+
 /// Stateful kinds only: the clusters of the current placement (the previous decision,
-/// every cluster the hub last saw holding a copy, recorded cleanups) or the new one that
-/// are not Ready. A cluster the hub no longer knows (unjoined) counts as not Ready.
-fn partition_freeze(input: &PlanInput<'_>) -> Vec<String> {
+/// every cluster the hub last saw holding a copy, recorded cleanups) and the new one.
+/// Every one of them must be trusted for a copy to be deleted or shrunk anywhere.
+fn stateful_placement<'a>(input: &PlanInput<'a>) -> Vec<&'a str> {
     if !input.interpretation.stateful {
         return vec![];
     }
-    let ready = |cluster: &str| {
-        input
-            .members
-            .iter()
-            .any(|m| m.cluster == cluster && m.reachable)
-    };
     let mut placement: Vec<&str> = input
         .targets
         .iter()
@@ -328,10 +379,6 @@ fn partition_freeze(input: &PlanInput<'_>) -> Vec<String> {
     placement.sort_unstable();
     placement.dedup();
     placement
-        .into_iter()
-        .filter(|cluster| !ready(cluster))
-        .map(str::to_string)
-        .collect()
 }
 
 /// Every cluster that keeps or gains replicas is Ready at its target: only then may a
@@ -346,7 +393,7 @@ fn replacement_ready(input: &PlanInput<'_>) -> bool {
             return true; // shrinking itself
         }
         match member {
-            Some(m) if m.reachable && m.synced => match copy {
+            Some(m) if m.reachable && m.synced && m.doubt.is_none() => match copy {
                 None => false,
                 Some(copy) if !input.interpretation.divisible() => {
                     copy.metadata.deletion_timestamp.is_none()
@@ -367,6 +414,15 @@ fn replacement_ready(input: &PlanInput<'_>) -> bool {
 /// carries the new count, or make-before-break would wait for it forever).
 fn ready_at_target(interpretation: &Interpretation, copy: &DynamicObject, replicas: i32) -> bool {
     if copy.metadata.deletion_timestamp.is_some() {
+        return false;
+    }
+    // Ready counts for the copy's current spec only: a status its controller wrote for
+    // an earlier generation says nothing of the spec the hub just applied.
+    if let (Some(generation), Some(observed)) = (
+        copy.metadata.generation,
+        copy.data["status"]["observedGeneration"].as_i64(),
+    ) && observed < generation
+    {
         return false;
     }
     if interpretation.reports_readiness() {
@@ -391,6 +447,7 @@ fn plan_cleanup(input: &PlanInput<'_>, plan: &mut Plan) {
                         cluster: cluster.clone(),
                         uid: copy.metadata.uid.clone(),
                         template_deleted: true,
+                        guard: vec![],
                     });
                 }
                 plan.notes
@@ -473,6 +530,7 @@ mod tests {
             reachable: true,
             synced: true,
             copy,
+            doubt: None,
         }
     }
 
@@ -729,6 +787,7 @@ mod tests {
                 cluster: "east".into(),
                 uid: Some("e".into()),
                 template_deleted: false,
+                guard: vec![],
             }]
         );
     }
@@ -868,6 +927,96 @@ mod tests {
         assert!(plan.applies.is_empty(), "west keeps 3: {:?}", plan.applies);
         assert!(plan.notes["west"].contains("waiting for the partition"));
         assert_eq!(plan.waiting_for, ["east"]);
+    }
+
+    /// The moment right after a cut: east's agent has fenced (or is about to), and the
+    /// hub still counts east Ready, but one failed renewal made it suspect. Scaling the
+    /// database from 1 + 1 to 1 must keep both copies, whichever the decision drops.
+    #[test]
+    fn a_suspect_cluster_freezes_a_stateful_change_before_it_loses_ready() {
+        let template = database(1);
+        let previous = targets(&[("east", 1), ("west", 1)]);
+        let east = database_copy(1, 1, "e");
+        let west = database_copy(1, 1, "w");
+        let suspect = MemberCopy {
+            doubt: Some("the fencing-lease renewal in east failed 0.4s ago"),
+            ..member("east", Some(&east))
+        };
+        let members = [suspect, member("west", Some(&west))];
+        for new in [targets(&[("east", 1)]), targets(&[("west", 1)])] {
+            let plan = plan(&stateful(&template, &new, &previous, &members));
+            assert!(plan.deletes.is_empty(), "{:?}", plan.deletes);
+            assert_eq!(plan.waiting_for, ["east"]);
+            let note = plan
+                .notes
+                .values()
+                .find(|n| n.contains("waiting for the partition"));
+            assert!(
+                note.is_some_and(|n| n.contains("east (the fencing-lease renewal in east failed")),
+                "{:?}",
+                plan.notes
+            );
+        }
+        // A suspect cluster's copy is no Ready replacement either.
+        let new = targets(&[("east", 1)]);
+        let members = [suspect, member("west", Some(&west))];
+        let kept = plan(&stateful(&template, &new, &new, &members));
+        assert!(kept.deletes.is_empty());
+
+        // Trusted again: the delete goes out, carrying every cluster of the placement for
+        // the writer to check once more right before the request.
+        let members = [member("east", Some(&east)), member("west", Some(&west))];
+        let plan = plan(&stateful(&template, &new, &previous, &members));
+        assert_eq!(plan.deletes.len(), 1);
+        assert_eq!(plan.deletes[0].cluster, "west");
+        assert_eq!(plan.deletes[0].guard, ["east", "west"]);
+    }
+
+    /// Doubt is for stateful kinds only: a Deployment's scale-down goes ahead on Ready.
+    #[test]
+    fn stateless_deletes_and_shrinks_carry_no_guard() {
+        let template = template(2);
+        let new = targets(&[("west", 2)]);
+        let east = copy(2, 2, "e");
+        let west = copy(2, 2, "w");
+        let members = [member("east", Some(&east)), member("west", Some(&west))];
+        let plan = plan(&input(&template, &new, &members));
+        assert_eq!(plan.deletes.len(), 1);
+        assert!(plan.deletes[0].guard.is_empty());
+    }
+
+    #[test]
+    fn a_stateful_shrink_carries_the_placement_as_its_guard() {
+        let template = database(2);
+        let previous = targets(&[("east", 1), ("west", 2)]);
+        let new = targets(&[("east", 1), ("west", 1)]);
+        let east = database_copy(1, 1, "e");
+        let west = database_copy(2, 2, "w");
+        let members = [member("east", Some(&east)), member("west", Some(&west))];
+        let plan = plan(&stateful(&template, &new, &previous, &members));
+        assert_eq!(plan.applies.len(), 1);
+        assert_eq!(plan.applies[0].cluster, "west");
+        assert_eq!(plan.applies[0].guard, ["east", "west"]);
+    }
+
+    /// A copy whose controller has not observed its current generation is not Ready for
+    /// make-before-break, whatever its ready count says.
+    #[test]
+    fn a_replacement_is_ready_only_for_its_current_generation() {
+        let template = database(1);
+        let previous = targets(&[("east", 1), ("west", 1)]);
+        let new = targets(&[("east", 1)]);
+        let mut east = database_copy(1, 1, "e");
+        east.metadata.generation = Some(3);
+        east.data["status"]["observedGeneration"] = json!(2);
+        let west = database_copy(1, 1, "w");
+        let members = [member("east", Some(&east)), member("west", Some(&west))];
+        let stale = plan(&stateful(&template, &new, &previous, &members));
+        assert!(stale.deletes.is_empty(), "{:?}", stale.deletes);
+        east.data["status"]["observedGeneration"] = json!(3);
+        let members = [member("east", Some(&east)), member("west", Some(&west))];
+        let current = plan(&stateful(&template, &new, &previous, &members));
+        assert_eq!(current.deletes.len(), 1);
     }
 
     #[test]
@@ -1051,6 +1200,7 @@ mod tests {
                 cluster: "west".into(),
                 uid: Some("w".into()),
                 template_deleted: true,
+                guard: vec![],
             }]
         );
         assert_eq!(plan_now.pending_cleanup, ["east", "west"]);

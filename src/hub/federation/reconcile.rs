@@ -175,19 +175,32 @@ fn plan(
         })
         .unwrap_or(Value::Null);
     let label = binding_label(&key.namespace, &key.name);
+    let interpretation = context.interpretation(key);
+    // Stateful kinds: what the hub lacks of fresh positive evidence of each member.
+    let doubts: Vec<Option<String>> = members
+        .iter()
+        .map(|m| {
+            interpretation
+                .stateful
+                .then(|| context.doubt(&m.cluster))
+                .flatten()
+        })
+        .collect();
     let copies: Vec<MemberCopy<'_>> = members
         .iter()
-        .map(|m| MemberCopy {
+        .zip(&doubts)
+        .map(|(m, doubt)| MemberCopy {
             cluster: &m.cluster,
             reachable: m.reachable,
             synced: m.synced,
             copy: m.copy.as_deref(),
+            doubt: doubt.as_deref(),
         })
         .collect();
     let plan = propagation::plan(&PlanInput {
         template: &template_value,
         binding: &label,
-        interpretation: &context.interpretation(key),
+        interpretation: &interpretation,
         previous,
         targets,
         deleting,
@@ -222,6 +235,7 @@ fn hand_off(
                 object: a.object.clone(),
                 check_conflict: a.check_conflict,
                 resolution,
+                guard: a.guard.clone(),
             })
             .or_else(|| {
                 planned
@@ -232,6 +246,7 @@ fn hand_off(
                     .map(|d| CopyOp::Delete {
                         uid: d.uid.clone(),
                         template_deleted: d.template_deleted,
+                        guard: d.guard.clone(),
                     })
             });
         match &op {
@@ -784,9 +799,15 @@ fn following(
         now,
     )?;
     desired.spec.policy = None;
-    let mut message = if dependents.is_empty() {
+    // A claim is data: it stays in every cluster it is in when no workload needs it any
+    // more (deleted, no longer naming it, its policy gone or no longer propagating
+    // dependencies); deleting the claim on the hub deletes its copies.
+    let leaves = dependents.is_empty() && follow::leaves_when_unreferenced(&object);
+    let mut message = if leaves {
         desired.spec.clusters.clear();
         "no workload that references it is placed any more: its copies leave".to_string()
+    } else if dependents.is_empty() {
+        "no workload that references it is placed any more; a claim holds data, so its copies stay where they are: delete it on the hub to delete them".to_string()
     } else {
         format!(
             "follows {} (its policy propagates dependencies)",
@@ -809,7 +830,7 @@ fn following(
         ));
     }
     for decision in desired.status.decisions.iter_mut() {
-        if dependents.is_empty() {
+        if leaves {
             decision.selected = false;
             decision.replicas = None;
         }

@@ -34,6 +34,7 @@ use crate::hub::Registry;
 use crate::hub::federation::copies::{MANAGED_BY, Ownership, ownership};
 use crate::hub::federation::copy_cache::Kinds;
 use crate::hub::federation::queue::WorkQueue;
+use crate::hub::membership::evidence::Evidence;
 
 /// Field manager of the hub's member copies.
 pub const FIELD_MANAGER: &str = "bulkhead-hub";
@@ -42,6 +43,11 @@ pub const FIELD_MANAGER: &str = "bulkhead-hub";
 /// requests in flight). Fewer was measured: 8 made a burst's copies queue in the hub
 /// (per-copy p99 3.8 s -> 8.6 s on the lab) and did not lower the hub's memory.
 pub const WORKERS_PER_MEMBER: usize = crate::hub::membership::members::MAX_REQUESTS_IN_FLIGHT;
+
+/// How long a write's response stands for a copy the member's watch does not show: the
+/// watch lags a write by milliseconds, so past this the watch is believed (the copy was
+/// deleted since).
+const RESPONSE_OUTLIVES_WATCH: Duration = Duration::from_secs(10);
 
 /// How long a list of a namespace's objects of one kind answers conflict checks.
 const LIST_VALID: Duration = Duration::from_secs(5);
@@ -70,6 +76,9 @@ pub enum CopyOp {
         /// not the hub's is a conflict (unless `resolution` is Overwrite).
         check_conflict: bool,
         resolution: ConflictResolution,
+        /// A stateful copy shrinks: every one of these clusters must be trusted right
+        /// before the request is sent ([`confirm_trusted`]).
+        guard: Vec<String>,
     },
     /// Delete the copy with this UID.
     Delete {
@@ -77,6 +86,8 @@ pub enum CopyOp {
         /// The user deleted the template: a stateful copy is marked first so its agent
         /// may apply `reclaimPolicy: Delete`.
         template_deleted: bool,
+        /// A stateful copy leaves a placement: as for a shrink.
+        guard: Vec<String>,
     },
 }
 
@@ -89,8 +100,10 @@ impl CopyOp {
                 object,
                 check_conflict,
                 resolution,
+                guard,
             } => {
                 "apply".hash(&mut hasher);
+                guard.hash(&mut hasher);
                 // Streamed into the hasher: every reconcile fingerprints each member's op
                 // (twice), and a String of the whole copy per call was a measurable part
                 // of a burst's allocations.
@@ -101,13 +114,23 @@ impl CopyOp {
             CopyOp::Delete {
                 uid,
                 template_deleted,
+                guard,
             } => {
                 "delete".hash(&mut hasher);
+                guard.hash(&mut hasher);
                 uid.hash(&mut hasher);
                 template_deleted.hash(&mut hasher);
             }
         }
         hasher.finish()
+    }
+
+    /// The clusters that must be trusted right before the request (a stateful delete or
+    /// shrink); empty for every other op.
+    pub fn guard(&self) -> &[String] {
+        match self {
+            CopyOp::Apply { guard, .. } | CopyOp::Delete { guard, .. } => guard,
+        }
     }
 
     fn verb(&self) -> &'static str {
@@ -306,6 +329,8 @@ pub struct Writers {
 
 struct Inner {
     registry: Registry,
+    /// What stateful deletes and shrinks check of every cluster involved.
+    evidence: Evidence,
     /// Every write checks it first: a deposed leader's writers write nothing more.
     leadership: crate::leader::Leadership,
     kinds: Kinds,
@@ -319,6 +344,7 @@ impl Writers {
     /// Writers for the members of `registry`; finished writes are sent to `completed`.
     pub fn new(
         registry: Registry,
+        evidence: Evidence,
         leadership: crate::leader::Leadership,
         kinds: Kinds,
         completed: mpsc::UnboundedSender<Completed>,
@@ -328,6 +354,7 @@ impl Writers {
         Writers {
             inner: Arc::new(Inner {
                 registry,
+                evidence,
                 leadership,
                 kinds,
                 writers: Mutex::default(),
@@ -481,7 +508,21 @@ impl Writers {
                     Some(written.clone())
                 }
             }
-            (Some(Fresh::Object(written)), None) => Some(written.clone()),
+            (Some(Fresh::Object(written)), None) => {
+                // The watch has not shown the written copy yet. That is a lag for a
+                // moment, never for long: a copy deleted in the member right after the
+                // write (its Delete event may have come before this response was kept,
+                // or been lost with a watch that died) must not live on in the response.
+                if record
+                    .finished
+                    .is_some_and(|at| at.elapsed() > RESPONSE_OUTLIVES_WATCH)
+                {
+                    record.set_fresh(None);
+                    None
+                } else {
+                    Some(written.clone())
+                }
+            }
             (Some(Fresh::Gone(uid)), Some(seen)) => {
                 if seen.metadata.uid.is_some() && seen.metadata.uid != *uid {
                     // A new object since: the watch knows better.
@@ -495,6 +536,21 @@ impl Writers {
                 record.set_fresh(None);
                 None
             }
+        }
+    }
+
+    /// The member's watch showed the copy of `key` with `uid` deleted: a response to an
+    /// earlier write that returned that object no longer stands for it.
+    pub fn seen_gone(&self, cluster: &str, key: &ObjectKey, uid: Option<&str>) {
+        let Some(writer) = self.existing(cluster) else {
+            return;
+        };
+        let mut records = writer.records();
+        if let Some(record) = records.get_mut(key)
+            && let Some(Fresh::Object(written)) = record.fresh()
+            && (uid.is_none() || written.metadata.uid.as_deref() == uid)
+        {
+            record.set_fresh(None);
         }
     }
 
@@ -692,6 +748,7 @@ async fn execute(
             object,
             check_conflict,
             resolution,
+            guard,
         } => {
             if *check_conflict {
                 match existing_unmanaged(inner, writer, key, &api).await {
@@ -717,14 +774,87 @@ async fn execute(
                     }
                 }
             }
+            if let Err(held) = confirm_trusted(inner, guard).await {
+                return held;
+            }
             apply(inner, writer, key, &api, &resource, object).await
         }
         CopyOp::Delete {
             uid,
             template_deleted,
-        } => delete(inner, cluster, key, &api, &resource, uid, *template_deleted).await,
+            guard,
+        } => {
+            if let Err(held) = confirm_trusted(inner, guard).await {
+                return held;
+            }
+            delete(inner, cluster, key, &api, &resource, uid, *template_deleted).await
+        }
     }
 }
+
+/// How often [`confirm_trusted`] looks again while a renewal may be on its way.
+const TRUST_RECHECK: Duration = Duration::from_millis(100);
+
+/// The chokepoint of every stateful delete and shrink (DESIGN.md section 5, "The hub
+/// suspects before any agent fences"): right before the request, each cluster of
+/// `clusters` (the template's current and new placement) is probed again, and must have
+/// fresh positive evidence: that probe, a fencing-lease renewal within the renew interval
+/// and copies listed since it was last suspect. A renewal may be on its way, so the
+/// check is repeated for up to one renew interval before it gives up. Empty: nothing to
+/// check. On failure the op is held back (retried with backoff while still wanted).
+async fn confirm_trusted(
+    inner: &Inner,
+    clusters: &[String],
+) -> Result<(), (Outcome, Option<Fresh>, bool)> {
+    if clusters.is_empty() {
+        return Ok(());
+    }
+    let renew_interval = inner.evidence.renew_interval();
+    let probe_timeout = renew_interval.min(PROBE_TIMEOUT);
+    let probes = clusters.iter().map(|cluster| async move {
+        let ok = match inner
+            .registry
+            .get(cluster)
+            .and_then(|m| m.control_client().cloned())
+        {
+            Some(client) => matches!(
+                crate::hub::membership::prober::probe_readyz(&client, probe_timeout).await,
+                crate::hub::membership::health::ProbeOutcome::Healthy
+            ),
+            None => false,
+        };
+        inner.evidence.probed(cluster, ok);
+    });
+    futures::future::join_all(probes).await;
+    let deadline = Instant::now() + renew_interval;
+    loop {
+        let doubt = clusters.iter().find_map(|cluster| {
+            if inner.registry.get(cluster).is_none() {
+                return Some(format!("{cluster} is not a member any more"));
+            }
+            inner
+                .evidence
+                .doubt_strict(cluster, probe_timeout + TRUST_RECHECK)
+        });
+        let Some(doubt) = doubt else {
+            return Ok(());
+        };
+        if Instant::now() >= deadline {
+            tracing::info!(clusters = ?clusters, %doubt, "a stateful delete or shrink is held back");
+            return Err((
+                Outcome::Failed(format!(
+                    "held back: {doubt}; a stateful copy is deleted or shrunk only while every cluster of its placement is trusted"
+                )),
+                None,
+                true,
+            ));
+        }
+        tokio::time::sleep(TRUST_RECHECK).await;
+    }
+}
+
+/// The longest the chokepoint's own probe of a member may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The object of `key`'s name in the member when it is not one of the hub's copies, from
 /// a recent metadata-only list of its namespace. One list per (kind, namespace) at a
@@ -985,7 +1115,14 @@ async fn delete(
     if template_deleted && stateful {
         // The user deleted the template: say so on the copy, so its agent may apply
         // `reclaimPolicy: Delete`. A copy deleted without this mark keeps its volumes.
-        let mark = json!({"metadata": {"annotations": {ANNOTATION_TEMPLATE_DELETED: "true"}}});
+        // The UID makes the mark a precondition: a new object of the same name (the copy
+        // was replaced since) is never marked; the API server refuses the change of UID.
+        let mark = match uid {
+            Some(uid) => {
+                json!({"metadata": {"uid": uid, "annotations": {ANNOTATION_TEMPLATE_DELETED: "true"}}})
+            }
+            None => json!({"metadata": {"annotations": {ANNOTATION_TEMPLATE_DELETED: "true"}}}),
+        };
         let sent = Instant::now();
         let marked = api
             .patch(&key.name, &PatchParams::default(), &Patch::Merge(&mark))
@@ -994,6 +1131,16 @@ async fn delete(
         match marked {
             Ok(_) => {}
             Err(error) if classify(&error) == ApiErrorKind::NotFound => {
+                return (Outcome::Done, Some(Fresh::Gone(uid.clone())), false);
+            }
+            // Another object holds the name now: the copy with our UID is gone.
+            Err(error)
+                if uid.is_some()
+                    && matches!(
+                        classify(&error),
+                        ApiErrorKind::Invalid | ApiErrorKind::Conflict
+                    ) =>
+            {
                 return (Outcome::Done, Some(Fresh::Gone(uid.clone())), false);
             }
             Err(error) => {
@@ -1067,6 +1214,13 @@ mod tests {
 
     /// Writers for one member, "east", whose API server is a mock.
     fn writers_with_mock() -> (Writers, Handle, mpsc::UnboundedReceiver<Completed>) {
+        writers_with_evidence(Evidence::default())
+    }
+
+    /// [`writers_with_mock`], judging stateful deletes and shrinks by `evidence`.
+    fn writers_with_evidence(
+        evidence: Evidence,
+    ) -> (Writers, Handle, mpsc::UnboundedReceiver<Completed>) {
         let (service, handle) =
             tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
         let client = kube::Client::new(service, "default");
@@ -1101,6 +1255,7 @@ mod tests {
         )]);
         let writers = Writers::new(
             registry,
+            evidence,
             crate::leader::Leadership::always(),
             kinds,
             completed,
@@ -1146,6 +1301,7 @@ mod tests {
             object: config_map("0"),
             check_conflict,
             resolution: ConflictResolution::Abort,
+            guard: vec![],
         }
     }
 
@@ -1337,6 +1493,105 @@ mod tests {
         );
     }
 
+    /// The next request is the chokepoint's probe of `/readyz`: answer it healthy.
+    async fn answer_probe(server: &mut Handle) {
+        let (request, reply) = server.next_request().await.unwrap();
+        assert_eq!(request.uri().path(), "/readyz", "the writer probes first");
+        reply.send_response(
+            http::Response::builder()
+                .body(Body::from(b"ok".to_vec()))
+                .unwrap(),
+        );
+    }
+
+    /// The next finished write was held back, saying `why`.
+    async fn held_back(completed: &mut mpsc::UnboundedReceiver<Completed>, why: &str) {
+        let done = completed.recv().await.unwrap();
+        assert!(
+            matches!(&done.outcome, Outcome::Failed(message) if message.contains(why)),
+            "{:?}",
+            done.outcome
+        );
+    }
+
+    /// The chokepoint: a stateful delete probes every cluster of the placement right
+    /// before the request and is held back while one of them lacks fresh positive
+    /// evidence (here: the fencing-lease renewal failed), whatever the plan decided.
+    #[tokio::test]
+    async fn a_stateful_delete_is_held_back_until_every_cluster_is_trusted_again() {
+        let evidence = Evidence::new(Duration::from_millis(300));
+        let (writers, mut server, mut completed) = writers_with_evidence(evidence.clone());
+        let listed = Instant::now();
+        evidence.listed("east", listed);
+        evidence.renewed("east", false);
+        let delete = CopyOp::Delete {
+            uid: Some("u1".into()),
+            template_deleted: false,
+            guard: vec!["east".into()],
+        };
+        writers.want("east", &key(), delete.clone(), REWRITE);
+        answer_probe(&mut server).await;
+        held_back(
+            &mut completed,
+            "held back: the fencing-lease renewal in east failed",
+        )
+        .await;
+        assert!(nothing_sent(&mut server).await, "no DELETE was sent");
+
+        // Renewed again (and from now on, as the hub's renewer does), but the copies
+        // were listed before the suspicion: still held.
+        let renewer = evidence.clone();
+        let renewals = tokio::spawn(async move {
+            loop {
+                renewer.renewed("east", true);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        writers.forget("east", &key());
+        writers.want("east", &key(), delete.clone(), Duration::ZERO);
+        answer_probe(&mut server).await;
+        held_back(&mut completed, "not been listed again").await;
+
+        // Listed again since: the probe, then the DELETE with the UID precondition.
+        evidence.listed("east", Instant::now());
+        writers.forget("east", &key());
+        writers.want("east", &key(), delete, Duration::ZERO);
+        answer_probe(&mut server).await;
+        let (request, reply) = server.next_request().await.unwrap();
+        assert_eq!(request.method(), http::Method::DELETE);
+        respond(
+            reply,
+            200,
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+        );
+        let done = completed.recv().await.unwrap();
+        assert_eq!(done.outcome, Outcome::Done);
+        renewals.abort();
+    }
+
+    /// A copy deleted in the member right after the hub applied it: the watch's Delete
+    /// makes the writer forget the response, so the copy is not counted as there.
+    #[tokio::test]
+    async fn a_write_response_does_not_outlive_the_copys_deletion() {
+        let (writers, mut server, mut completed) = writers_with_mock();
+        writers.want("east", &key(), apply(false), REWRITE);
+        let (_, reply) = server.next_request().await.unwrap();
+        respond(reply, 200, config_map("5"));
+        assert_eq!(completed.recv().await.unwrap().outcome, Outcome::Done);
+        assert!(
+            writers.fresh("east", &key(), None).is_some(),
+            "the watch lags"
+        );
+        writers.seen_gone("east", &key(), Some("another-uid"));
+        assert!(
+            writers.fresh("east", &key(), None).is_some(),
+            "another object's deletion says nothing of this one"
+        );
+        writers.seen_gone("east", &key(), Some("u1"));
+        assert!(writers.fresh("east", &key(), None).is_none());
+    }
+
     #[tokio::test]
     async fn the_latest_wanted_state_wins_and_a_forgotten_write_never_runs() {
         let (writers, mut server, mut completed) = writers_with_mock();
@@ -1348,6 +1603,7 @@ mod tests {
             object: json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings"}, "data": {"a": "b"}}),
             check_conflict: false,
             resolution: ConflictResolution::Abort,
+            guard: vec![],
         };
         assert!(writers.want("east", &key(), newer.clone(), REWRITE));
         respond(first, 200, config_map("5"));
@@ -1421,12 +1677,14 @@ mod tests {
             object: json!({"spec": {"replicas": replicas}}),
             check_conflict: false,
             resolution: ConflictResolution::Abort,
+            guard: vec![],
         };
         assert_eq!(apply(3).fingerprint(), apply(3).fingerprint());
         assert_ne!(apply(3).fingerprint(), apply(4).fingerprint());
         let delete = CopyOp::Delete {
             uid: Some("u".into()),
             template_deleted: false,
+            guard: vec![],
         };
         assert_ne!(apply(3).fingerprint(), delete.fingerprint());
     }

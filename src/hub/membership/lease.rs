@@ -25,6 +25,8 @@ pub const LEASE_FIELD_MANAGER: &str = "bulkhead-hub";
 pub struct LeaseSettings {
     /// Renewals are sent only while this hub leads (checked before each one).
     pub leadership: crate::leader::Leadership,
+    /// Each renewal's outcome is recorded here.
+    pub evidence: crate::hub::membership::evidence::Evidence,
     /// Written as `holderIdentity`.
     pub identity: String,
     /// Time between renewals; also the deadline of one renewal.
@@ -101,6 +103,9 @@ pub async fn renew_member(
                 _ = cancel.cancelled() => break,
                 result = tokio::time::timeout(settings.renew_interval, renew(client, &lease)) => result,
             };
+            settings
+                .evidence
+                .renewed(&name, matches!(result, Ok(Ok(()))));
             match result {
                 Ok(Ok(())) => {
                     metrics.lease_renewals.get_or_create(&labels).inc();
@@ -173,6 +178,7 @@ mod tests {
         });
         let settings = LeaseSettings {
             leadership: crate::leader::Leadership::always(),
+            evidence: Default::default(),
             identity: "hub-1".into(),
             renew_interval: Duration::from_secs(2),
             duration: Duration::from_secs(10),
@@ -188,6 +194,7 @@ mod tests {
     fn the_lease_carries_identity_duration_and_times() {
         let settings = LeaseSettings {
             leadership: crate::leader::Leadership::always(),
+            evidence: Default::default(),
             identity: "hub-1".into(),
             renew_interval: Duration::from_secs(2),
             duration: Duration::from_secs(10),

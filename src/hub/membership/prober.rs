@@ -116,6 +116,9 @@ pub struct ProberContext {
     pub cluster_ids: Arc<Mutex<HashMap<String, String>>>,
     /// Only the leader writes.
     pub leadership: crate::leader::Leadership,
+    /// Every probe's outcome is recorded here (one failure makes a member suspect for
+    /// stateful purposes at once).
+    pub evidence: crate::hub::membership::evidence::Evidence,
 }
 
 /// The condition that says whether the hub verifies the member's TLS certificate.
@@ -329,10 +332,13 @@ pub async fn probe_member(context: ProberContext, name: String, cancel: Cancella
         let interval = Duration::from_secs(probe.interval_seconds.max(1) as u64);
 
         let changed = match &handle.connection {
-            Err(reason) => tracker.force(Health::Unhealthy {
-                kind: FailureKind::CredentialsInvalid,
-                message: reason.clone(),
-            }),
+            Err(reason) => {
+                context.evidence.probed(&name, false);
+                tracker.force(Health::Unhealthy {
+                    kind: FailureKind::CredentialsInvalid,
+                    message: reason.clone(),
+                })
+            }
             Ok(connection) => {
                 if (cluster_id.is_none()
                     || last_inventory.is_none_or(|t| t.elapsed() >= context.capacity_interval))
@@ -354,6 +360,7 @@ pub async fn probe_member(context: ProberContext, name: String, cancel: Cancella
                     duplicate_of(&name, id, &ids, &context.registry.snapshot())
                 });
                 if let Some(original) = original {
+                    context.evidence.probed(&name, false);
                     tracker.force(Health::Unhealthy {
                         kind: FailureKind::DuplicateCluster,
                         message: format!(
@@ -372,6 +379,9 @@ pub async fn probe_member(context: ProberContext, name: String, cancel: Cancella
                         })
                         .observe(started.elapsed().as_secs_f64());
                     tracing::trace!(member = %name, ?outcome, "probed");
+                    context
+                        .evidence
+                        .probed(&name, matches!(outcome, ProbeOutcome::Healthy));
                     tracker.observe(outcome, Thresholds::from(probe))
                 }
             }
@@ -462,6 +472,7 @@ pub async fn probe_member(context: ProberContext, name: String, cancel: Cancella
         }
     }
     context.board.remove(&name);
+    context.evidence.remove(&name);
     context
         .cluster_ids
         .lock()
