@@ -52,6 +52,16 @@ impl Limits {
 
 /// A client for `config`, its connections bounded as [`Limits`] says.
 pub fn build(config: Config, limits: Limits) -> Result<Client, kube::Error> {
+    build_gated(config, limits, None)
+}
+
+/// [`build`], with every write gated by `leadership` when it gets its turn
+/// ([`crate::leader::LeaderGateLayer`], inside the in-flight limit).
+pub fn build_gated(
+    config: Config,
+    limits: Limits,
+    leadership: Option<crate::leader::Leadership>,
+) -> Result<Client, kube::Error> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     let https = config.rustls_https_connector_with_connector(http)?;
@@ -73,12 +83,16 @@ pub fn build(config: Config, limits: Limits) -> Result<Client, kube::Error> {
         .layer(config.extra_headers_layer()?)
         .map_err(BoxError::from)
         .service(http_client);
-    // The last layer added is the outermost: the limit queues, then the deadline runs.
+    // The last layer added is the outermost: the limit queues, then the leadership gate
+    // looks, then the deadline runs.
     let builder = ClientBuilder::new(service, config.default_namespace)
         .with_layer(&tower::util::option_layer(
             limits
                 .request_timeout
                 .map(tower::timeout::TimeoutLayer::new),
+        ))
+        .with_layer(&tower::util::option_layer(
+            leadership.map(|leadership| crate::leader::LeaderGateLayer { leadership }),
         ))
         .with_layer(&tower::util::option_layer(
             limits

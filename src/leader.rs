@@ -53,6 +53,9 @@ const MAX_STOP_GRACE: Duration = Duration::from_secs(2);
 /// How long releasing the Lease at shutdown may take before the process gives up on it
 /// (the Lease then expires by itself).
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
+/// The longest [`Leadership::leading_for`] answers (a process without an election leads
+/// for ever; a write's deadline needs a finite number).
+const LEADING_AT_MOST: Duration = Duration::from_secs(24 * 3600);
 /// Why a leader that received SIGTERM stops leading.
 const SHUTTING_DOWN: &str = "the process is shutting down; it releases the Lease";
 
@@ -272,6 +275,17 @@ impl Leadership {
             && jiff::Timestamp::now().as_microsecond() < self.until.load(AtomicOrdering::SeqCst)
     }
 
+    /// How much longer this process leads without another confirmed renewal (None: it
+    /// does not lead now). Without an election: a day, renewed at every call.
+    pub fn leading_for(&self) -> Option<Duration> {
+        if !*self.receiver.borrow() {
+            return None;
+        }
+        let until = self.until.load(AtomicOrdering::SeqCst);
+        let left = until.saturating_sub(jiff::Timestamp::now().as_microsecond());
+        (left > 0).then(|| Duration::from_micros(left as u64).min(LEADING_AT_MOST))
+    }
+
     /// Waits until the value changes and returns the new one. Once the election has
     /// stopped (the process is shutting down) it never changes again and this waits
     /// forever; select it against the shutdown token.
@@ -354,26 +368,22 @@ pub async fn run_while_leader<F, Fut>(
 /// through it. A refused write fails like a request that did not reach the server.
 pub fn write_gated(client: Client, leadership: Leadership) -> Client {
     let namespace = client.default_namespace().to_string();
-    Client::new(WriteGate { client, leadership }, namespace)
+    Client::new(
+        LeaderGate {
+            inner: Sender(client),
+            leadership,
+        },
+        namespace,
+    )
 }
 
+/// A client as a tower service: what [`write_gated`] puts its gate in front of.
 #[derive(Clone)]
-struct WriteGate {
-    client: Client,
-    leadership: Leadership,
-}
+struct Sender(Client);
 
-/// Why a gated write was not sent.
-#[derive(Debug, thiserror::Error)]
-#[error("this hub is not the leader: {method} {path} not sent")]
-pub struct NotLeader {
-    pub method: String,
-    pub path: String,
-}
-
-impl tower::Service<http::Request<kube::client::Body>> for WriteGate {
+impl tower::Service<http::Request<kube::client::Body>> for Sender {
     type Response = http::Response<kube::client::Body>;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Error = kube::Error;
     type Future =
         futures::future::BoxFuture<'static, std::result::Result<Self::Response, Self::Error>>;
 
@@ -385,19 +395,90 @@ impl tower::Service<http::Request<kube::client::Body>> for WriteGate {
     }
 
     fn call(&mut self, request: http::Request<kube::client::Body>) -> Self::Future {
+        let client = self.0.clone();
+        Box::pin(async move { client.send(request).await })
+    }
+}
+
+/// Why a gated write was not sent.
+#[derive(Debug, thiserror::Error)]
+#[error("this hub is not the leader: {method} {path} not sent")]
+pub struct NotLeader {
+    pub method: String,
+    pub path: String,
+}
+
+/// A tower layer for the member clients, placed inside their in-flight limit: a write
+/// (every method but GET, HEAD, OPTIONS) is sent only if this process leads when it gets
+/// its turn (not when it started waiting for one), and is abandoned when the leadership
+/// term runs out before the member answers. So every write an old leader makes is over
+/// by its renew deadline, before a standby may take the Lease over (the election's
+/// margin: lease duration minus renew deadline); a request already on the wire when it
+/// is abandoned may still be carried out by the member, which no client can prevent.
+#[derive(Clone)]
+pub struct LeaderGateLayer {
+    pub leadership: Leadership,
+}
+
+impl<S> tower::Layer<S> for LeaderGateLayer {
+    type Service = LeaderGate<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        LeaderGate {
+            inner,
+            leadership: self.leadership.clone(),
+        }
+    }
+}
+
+/// See [`LeaderGateLayer`].
+#[derive(Clone)]
+pub struct LeaderGate<S> {
+    inner: S,
+    leadership: Leadership,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for LeaderGate<S>
+where
+    S: tower::Service<http::Request<B>>,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Response = S::Response;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Future =
+        futures::future::BoxFuture<'static, std::result::Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::result::Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let read = matches!(
             *request.method(),
             http::Method::GET | http::Method::HEAD | http::Method::OPTIONS
         );
-        if !read && !self.leadership.is_leader() {
-            let refused = NotLeader {
-                method: request.method().to_string(),
-                path: request.uri().path().to_string(),
-            };
-            return Box::pin(async move { Err(refused.into()) });
+        if read {
+            let answer = self.inner.call(request);
+            return Box::pin(async move { answer.await.map_err(Into::into) });
         }
-        let client = self.client.clone();
-        Box::pin(async move { client.send(request).await.map_err(Into::into) })
+        let refused = NotLeader {
+            method: request.method().to_string(),
+            path: request.uri().path().to_string(),
+        };
+        let Some(left) = self.leadership.leading_for() else {
+            return Box::pin(async move { Err(refused.into()) });
+        };
+        let answer = self.inner.call(request);
+        Box::pin(async move {
+            match tokio::time::timeout(left, answer).await {
+                Ok(answer) => answer.map_err(Into::into),
+                Err(_) => Err(refused.into()),
+            }
+        })
     }
 }
 
@@ -1045,6 +1126,56 @@ mod tests {
         drop(api);
         let methods = server.await.unwrap();
         assert_eq!(methods, vec![http::Method::GET, http::Method::DELETE]);
+    }
+
+    /// Inside an in-flight limit (as the member clients have it), a write is judged when
+    /// it gets its turn: one queued behind a slow request while this hub led, and whose
+    /// turn came after the leadership ended, is never sent.
+    #[tokio::test]
+    async fn a_write_waiting_for_its_turn_is_judged_when_it_gets_it() {
+        use kube::client::Body;
+        use tower::{Service, ServiceBuilder, ServiceExt};
+        let (service, mut handle) =
+            tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
+        let (sender, leadership) = Leadership::manual(true);
+        let mut gated = ServiceBuilder::new()
+            .concurrency_limit(1)
+            .layer(LeaderGateLayer { leadership })
+            .service(service);
+        let request = |method: http::Method| {
+            http::Request::builder()
+                .method(method)
+                .uri("/api/v1/namespaces/shop/configmaps/x")
+                .body(Body::empty())
+                .unwrap()
+        };
+        let slow = gated
+            .ready()
+            .await
+            .unwrap()
+            .call(request(http::Method::GET));
+        let mut queued = gated.clone();
+        let write = tokio::spawn(async move {
+            queued
+                .ready()
+                .await
+                .unwrap()
+                .call(request(http::Method::PATCH))
+                .await
+        });
+        let (_, respond) = handle.next_request().await.unwrap();
+        // Leadership ends while the write waits for the only slot.
+        sender.send_replace(false);
+        respond.send_response(http::Response::builder().body(Body::empty()).unwrap());
+        slow.await.unwrap();
+        let refused = write.await.unwrap().unwrap_err();
+        assert!(refused.to_string().contains("not the leader"), "{refused}");
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), handle.next_request())
+                .await
+                .is_err(),
+            "the write never reached the member"
+        );
     }
 
     #[tokio::test]

@@ -278,6 +278,7 @@ pub async fn run_membership(
     let registry_task = tokio::spawn(members::run(
         hub.clone(),
         state.registry.clone(),
+        state.leadership.clone(),
         shutdown.clone(),
     ));
 

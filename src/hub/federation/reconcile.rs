@@ -569,8 +569,13 @@ async fn place_template(
     });
 
     // A changed decision is recorded before any copy acts on it: the binding is what
-    // keeps the previous placement known (the partition freeze, pending cleanups).
-    if existing.is_some() && decision_changed {
+    // keeps the previous placement known (the partition freeze, pending cleanups). A new
+    // stateful template's first decision too: a partition or a leader change before its
+    // copies converge must still find where its data is (a new stateless template's
+    // binding waits for its copies, one write instead of two).
+    let record_first =
+        decision_changed && (existing.is_some() || context.interpretation(key).stateful);
+    if record_first {
         let built = status_or_previous(
             &context.interpretation(key),
             template,
@@ -603,7 +608,7 @@ async fn place_template(
         false,
         now,
     );
-    let binding_after = existing.is_none() || !decision_changed;
+    let binding_after = !record_first;
     if binding_after {
         again = sooner(
             again,

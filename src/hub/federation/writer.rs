@@ -644,7 +644,17 @@ async fn work(inner: Arc<Inner>, writer: Arc<MemberWriter>) {
                 .and_then(|r| Some((r.op()?.clone(), r.fingerprint)))
         };
         if let Some((op, fingerprint)) = op {
-            let (outcome, fresh, retry) = execute(&inner, &writer, &key, &op).await;
+            // A controller that ends (a lost leadership term, a new set of kinds) takes its
+            // writes with it: what is on its way is abandoned, not finished later by a
+            // writer that no longer checks anything.
+            let executed = tokio::select! {
+                _ = inner.shutdown.cancelled() => None,
+                executed = execute(&inner, &writer, &key, &op) => Some(executed),
+            };
+            let Some((outcome, fresh, retry)) = executed else {
+                writer.queue.done(&key);
+                return;
+            };
             let report = {
                 let mut records = writer.records();
                 match records.get_mut(&key) {

@@ -127,7 +127,12 @@ pub async fn client_from_kubeconfig(text: &str) -> Result<(Client, String), Stri
     let config = member_config(text).await?;
     let server = config.cluster_url.to_string();
     Ok((
-        bounded_client(config, MAX_REQUESTS_IN_FLIGHT, crate::client::BULK_IDLE)?,
+        bounded_client(
+            config,
+            MAX_REQUESTS_IN_FLIGHT,
+            crate::client::BULK_IDLE,
+            None,
+        )?,
         server,
     ))
 }
@@ -145,6 +150,7 @@ pub const MAX_CONTROL_REQUESTS_IN_FLIGHT: usize = 4;
 pub async fn clients_from_kubeconfig(
     text: &str,
     allow_insecure: bool,
+    leadership: Option<&crate::leader::Leadership>,
 ) -> Result<(Client, Client, String), String> {
     let kubeconfig =
         Kubeconfig::from_yaml(text).map_err(|e| format!("the kubeconfig does not parse: {e}"))?;
@@ -155,9 +161,15 @@ pub async fn clients_from_kubeconfig(
         config.clone(),
         MAX_REQUESTS_IN_FLIGHT,
         crate::client::BULK_IDLE,
+        leadership,
     )?;
     // Renewals every second and probes keep its few connections in use.
-    let control = bounded_client(config, MAX_CONTROL_REQUESTS_IN_FLIGHT, CONTROL_IDLE)?;
+    let control = bounded_client(
+        config,
+        MAX_CONTROL_REQUESTS_IN_FLIGHT,
+        CONTROL_IDLE,
+        leadership,
+    )?;
     Ok((bulk, control, server))
 }
 
@@ -179,15 +191,23 @@ async fn member_config(text: &str) -> Result<Config, String> {
 
 /// A client whose every request waits at most [`REQUEST_TIMEOUT`] for its headers,
 /// counted from when it is sent (the timeout is inside the concurrency limit, so time
-/// spent waiting for a slot is not taken from the request's own deadline).
-fn bounded_client(config: Config, in_flight: usize, idle: Duration) -> Result<Client, String> {
-    crate::client::build(
+/// spent waiting for a slot is not taken from the request's own deadline). With
+/// `leadership`, writes are sent only while this hub leads, checked when each gets its
+/// turn, and end with the leadership term.
+fn bounded_client(
+    config: Config,
+    in_flight: usize,
+    idle: Duration,
+    leadership: Option<&crate::leader::Leadership>,
+) -> Result<Client, String> {
+    crate::client::build_gated(
         config,
         crate::client::Limits {
             idle,
             in_flight: Some(in_flight),
             request_timeout: Some(REQUEST_TIMEOUT),
         },
+        leadership.cloned(),
     )
     .map_err(|e| format!("cannot build a client: {e}"))
 }
@@ -250,6 +270,7 @@ async fn rebuild(
     members: &Store<MemberCluster>,
     secrets: &Store<Secret>,
     previous: &HashMap<String, MemberHandle>,
+    leadership: &crate::leader::Leadership,
 ) -> HashMap<String, MemberHandle> {
     let mut next = HashMap::new();
     for member in members.state() {
@@ -260,8 +281,12 @@ async fn rebuild(
             // client was built from.
             Ok((text, version)) => match previous.get(&name).map(|h| &h.connection) {
                 Some(Ok(existing)) if existing.secret_version == version => Ok(existing.clone()),
-                _ => match clients_from_kubeconfig(&text, member.spec.insecure_skip_tls_verify)
-                    .await
+                _ => match clients_from_kubeconfig(
+                    &text,
+                    member.spec.insecure_skip_tls_verify,
+                    Some(leadership),
+                )
+                .await
                 {
                     Ok((client, control, server)) => {
                         tracing::info!(member = %name, %server, secret = %version, "built the member's clients");
@@ -303,8 +328,14 @@ async fn rebuild(
 }
 
 /// Runs the registry controller until `shutdown`: watches MemberClusters and the Secrets
-/// in `bulkhead-system` and republishes the snapshot on every change.
-pub async fn run(hub: Client, registry: Registry, shutdown: CancellationToken) {
+/// in `bulkhead-system` and republishes the snapshot on every change. The member clients
+/// it builds send writes only while `leadership` leads.
+pub async fn run(
+    hub: Client,
+    registry: Registry,
+    leadership: crate::leader::Leadership,
+    shutdown: CancellationToken,
+) {
     let (member_store, member_writer) = reflector::store::<MemberCluster>();
     let (secret_store, secret_writer) = reflector::store::<Secret>();
     let member_events = reflector::reflector(
@@ -348,7 +379,7 @@ pub async fn run(hub: Client, registry: Registry, shutdown: CancellationToken) {
             continue;
         }
         let previous = registry.snapshot();
-        let next = rebuild(&member_store, &secret_store, &previous).await;
+        let next = rebuild(&member_store, &secret_store, &previous, &leadership).await;
         registry.publish(next);
     }
 }
@@ -409,7 +440,13 @@ mod tests {
                 secret("member-exec", "1", Some(&exec)),
             ],
         );
-        let snapshot = rebuild(&members, &secrets, &HashMap::new()).await;
+        let snapshot = rebuild(
+            &members,
+            &secrets,
+            &HashMap::new(),
+            &crate::leader::Leadership::always(),
+        )
+        .await;
         let reason = |name: &str| snapshot[name].connection.as_ref().err().unwrap().clone();
         assert!(
             reason("strict").contains("insecure-skip-tls-verify is true"),
@@ -469,7 +506,13 @@ mod tests {
                 secret("member-garbage", "1", Some("clusters: [unclosed")),
             ],
         );
-        let snapshot = rebuild(&members, &secrets, &HashMap::new()).await;
+        let snapshot = rebuild(
+            &members,
+            &secrets,
+            &HashMap::new(),
+            &crate::leader::Leadership::always(),
+        )
+        .await;
         assert_eq!(snapshot.len(), 5);
         assert!(snapshot["good"].client().is_some());
         let reason = |name: &str| snapshot[name].connection.as_ref().err().unwrap().clone();
@@ -502,8 +545,20 @@ mod tests {
             vec![member("east", SYSTEM_NAMESPACE)],
             vec![secret("member-east", "1", Some(TOKEN_KUBECONFIG))],
         );
-        let first = rebuild(&members, &secrets, &HashMap::new()).await;
-        let again = rebuild(&members, &secrets, &first).await;
+        let first = rebuild(
+            &members,
+            &secrets,
+            &HashMap::new(),
+            &crate::leader::Leadership::always(),
+        )
+        .await;
+        let again = rebuild(
+            &members,
+            &secrets,
+            &first,
+            &crate::leader::Leadership::always(),
+        )
+        .await;
         let version = |s: &HashMap<String, MemberHandle>| {
             s["east"]
                 .connection
@@ -518,7 +573,13 @@ mod tests {
             vec![member("east", SYSTEM_NAMESPACE)],
             vec![secret("member-east", "2", Some(TOKEN_KUBECONFIG))],
         );
-        let rotated = rebuild(&members, &secrets, &again).await;
+        let rotated = rebuild(
+            &members,
+            &secrets,
+            &again,
+            &crate::leader::Leadership::always(),
+        )
+        .await;
         assert_eq!(version(&rotated), "u1/2/insecure-allowed");
     }
 
