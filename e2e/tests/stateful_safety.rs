@@ -31,7 +31,7 @@ const LABEL_RELEASED: &str = "example.com/released";
 const STEADY: Duration = Duration::from_secs(10);
 
 /// The template under test: a MyDatabase or a plain StatefulSet.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Kind {
     Database,
     StatefulSet,
@@ -124,7 +124,22 @@ fn east_and_west(east: i64, west: i64) -> Value {
 /// hashes the template UID, so it differs from run to run; 2:1 and 1:2 still divide 2
 /// replicas 1 + 1).
 async fn federation(prefix: &str, kind: Kind, weights: (i64, i64)) -> Result<Federation> {
-    let federation = Federation::start(prefix, &[]).await?;
+    federation_probed(prefix, kind, weights, &["1", "1"]).await
+}
+
+/// Probes every 2 s with a 2 s timeout: the hub marks a cut-off member not Ready about
+/// 6 to 8 s after the cut (three failed probes), while its agent fences at the 3 s lease.
+/// The scale-down tests act in between, as a user would, right after the agent fenced.
+const SLOW_PROBES: [&str; 2] = ["2", "2"];
+
+/// [`federation`] with the members' probe `[interval, timeout]` in seconds.
+async fn federation_probed(
+    prefix: &str,
+    kind: Kind,
+    weights: (i64, i64),
+    probe: &[&str; 2],
+) -> Result<Federation> {
+    let federation = Federation::start_with_probes(prefix, &[], probe).await?;
     federation
         .apply(
             &policies(),
@@ -432,6 +447,52 @@ async fn cut_off<'a>(
     Ok((partition, detected, fenced))
 }
 
+/// Cuts `cluster` off and returns at the moment a user would act: once its agent has
+/// fenced the database (phase ReadOnly), or, for a plain StatefulSet (no agent fences
+/// it), once the lease duration has passed since the cut. Not once the hub has marked the
+/// cluster: the hub must not be slower to suspect a cluster than its agent is to fence.
+/// Returns the partition, when the cut began, and whether the hub still counted the
+/// cluster Ready at that moment (the window in which it used to delete).
+async fn cut_off_until_fenced<'a>(
+    federation: &'a Federation,
+    cluster: &str,
+    kind: Kind,
+) -> Result<(Partition<'a>, Instant, bool)> {
+    let cut = Instant::now();
+    let partition = Partition::start(&federation.lab, cluster)?;
+    match kind {
+        Kind::Database => {
+            // Polled every 100 ms: the test acts as soon as the member says ReadOnly.
+            let api = federation.api(cluster, &databases());
+            loop {
+                let db = api.get("orders").await?;
+                if db.data["status"]["phase"] == "ReadOnly" {
+                    break;
+                }
+                anyhow::ensure!(
+                    cut.elapsed() < Duration::from_secs(20),
+                    "{cluster} not fenced 20 s after the cut"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        Kind::StatefulSet => {
+            tokio::time::sleep(Duration::from_secs(
+                bulkhead_e2e::federation::LEASE_DURATION_SECONDS,
+            ))
+            .await;
+        }
+    }
+    let members: Api<MemberCluster> = Api::all(federation.hub.clone());
+    let still_ready = members
+        .get(cluster)
+        .await?
+        .status
+        .as_ref()
+        .is_some_and(|s| is_condition_true(&s.conditions, "Ready"));
+    Ok((partition, cut, still_ready))
+}
+
 /// A binding condition as (status, reason, message).
 fn condition(binding: &ResourceBinding, type_: &str) -> Option<(String, String, String)> {
     let status = binding.status.as_ref()?;
@@ -595,7 +656,7 @@ async fn scale_down_during_a_partition_keeps_every_database() -> Result<()> {
     let kind = Kind::Database;
     // East weighs more: the scale to 1 keeps the cut-off east and drops the reachable,
     // writable west, the copy the hub used to delete (issue 13, first scenario).
-    let federation = federation("safe-down-cut", kind, (2, 1)).await?;
+    let federation = federation_probed("safe-down-cut", kind, (2, 1), &SLOW_PROBES).await?;
     partition_scale_down_keeps_everything(&federation, kind, "west", async || Ok(String::new()))
         .await
 }
@@ -604,7 +665,7 @@ async fn scale_down_during_a_partition_keeps_every_database() -> Result<()> {
 async fn a_plain_statefulset_template_is_frozen_too() -> Result<()> {
     let kind = Kind::StatefulSet;
     // West weighs more: the scale to 1 drops the cut-off east (the other case of test 1).
-    let federation = federation("safe-sts-cut", kind, (1, 2)).await?;
+    let federation = federation_probed("safe-sts-cut", kind, (1, 2), &SLOW_PROBES).await?;
     // Every StatefulSet copy retains its claims whatever happens to it.
     for cluster in ["east", "west"] {
         let copy = federation
@@ -619,6 +680,122 @@ async fn a_plain_statefulset_template_is_frozen_too() -> Result<()> {
     }
     partition_scale_down_keeps_everything(&federation, kind, "east", async || Ok(String::new()))
         .await
+}
+
+/// The issue-27 scenario over three clusters, acted on the moment east's agent fenced
+/// (the hub still counted east Ready): a MyDatabase and a plain StatefulSet at 1 + 1 + 1
+/// (weights 2:1:1, so a scale to 1 keeps east) are both scaled to 1. The hub used to
+/// delete west's and north's copies of both and keep only east's fenced one. Now nothing
+/// is deleted or shrunk anywhere while east is cut off; after the heal the change
+/// completes make-before-break, east's copies are the original ones and the removed
+/// copies' claims stay.
+#[tokio::test]
+async fn three_copies_scaled_to_one_right_after_the_fence_are_all_kept() -> Result<()> {
+    let federation = Federation::start_with_probes("safe-three", &[], &SLOW_PROBES).await?;
+    let all = ["east", "north", "west"];
+    let placement = json!({
+        "clusterAffinity": {"clusterNames": all},
+        "replicaScheduling": {"type": "Divided", "divisionPreference": "Weighted",
+            "weightPreference": {"staticWeightList": [
+                {"targetCluster": {"clusterNames": ["east"]}, "weight": 2},
+                {"targetCluster": {"clusterNames": ["west", "north"]}, "weight": 1}]}}
+    });
+    let kinds = [Kind::Database, Kind::StatefulSet];
+    for kind in kinds {
+        federation
+            .apply(
+                &policies(),
+                federation.policy(kind.name(), kind.selector(), placement.clone(), json!({})),
+            )
+            .await?;
+        federation.apply(&kind.resource(), kind.template(3)).await?;
+    }
+    for kind in kinds {
+        federation
+            .wait_copies(
+                &kind.resource(),
+                kind.name(),
+                "1 + 1 + 1 Ready",
+                Duration::from_secs(120),
+                |c| ready_at(c, &[("east", 1), ("north", 1), ("west", 1)]),
+            )
+            .await?;
+    }
+    for cluster in all {
+        wait_phase(&federation, cluster, "Ready", Duration::from_secs(30)).await?;
+        wait_claims_bound(&federation, cluster, 2).await?;
+    }
+    let mut before = BTreeMap::new();
+    for kind in kinds {
+        before.insert(kind, states(&federation, &all, kind).await?);
+    }
+
+    let (partition, cut, still_ready) =
+        cut_off_until_fenced(&federation, "east", Kind::Database).await?;
+    let acted = cut.elapsed();
+    for kind in kinds {
+        scale(&federation, kind, 1).await?;
+    }
+    for kind in kinds {
+        let binding = federation
+            .wait_binding(
+                &kind.binding(),
+                "Propagated=False(WaitingForPartition)",
+                Duration::from_secs(30),
+                |b| {
+                    (has_reason(b, "Propagated", "False", "WaitingForPartition") && total(b) == 1)
+                        .then(|| b.clone())
+                },
+            )
+            .await?;
+        assert_eq!(binding_replicas(&binding), pairs(&[("east", 1)]));
+    }
+    let detected = wait_member_ready(&federation, "east", false, cut).await?;
+    for kind in kinds {
+        hold_steady(&federation, &all, kind, &before[&kind], STEADY).await?;
+    }
+
+    partition.heal()?;
+    let healed = Instant::now();
+    for kind in kinds {
+        federation
+            .wait_binding(
+                &kind.binding(),
+                "Propagated=True with 1 replica",
+                Duration::from_secs(60),
+                |b| (binding_condition_true(b, "Propagated") && total(b) == 1).then(|| b.clone()),
+            )
+            .await?;
+        for removed in ["north", "west"] {
+            wait_removed(&federation, removed, kind).await?;
+            // Both templates' claims are in the namespace; only the database's are
+            // labelled released, so the check is the plain one (same UIDs, not deleted).
+            assert_claims_kept(
+                &federation,
+                removed,
+                Kind::StatefulSet,
+                &before[&kind][removed],
+            )
+            .await?;
+        }
+        let east = member_state(&federation, "east", kind).await?;
+        assert_eq!(
+            east.statefulset.as_ref().map(|s| &s.uid),
+            before[&kind]["east"].statefulset.as_ref().map(|s| &s.uid),
+            "east's {} StatefulSet is the original one",
+            kind.kind()
+        );
+    }
+    println!(
+        "three clusters, MyDatabase and StatefulSet scaled 3 -> 1 {:.1}s after the cut, right after east fenced \
+         (the hub {} counted east Ready; it marked it not Ready {:.1}s after the cut): \
+         nothing deleted or shrunk while cut off; after the heal west and north removed with their claims kept in {:.1}s",
+        acted.as_secs_f64(),
+        if still_ready { "still" } else { "no longer" },
+        detected.as_secs_f64(),
+        healed.elapsed().as_secs_f64(),
+    );
+    Ok(())
 }
 
 /// Deployment templates in the burst of [`the_partition_rules_hold_during_a_burst`].
@@ -772,7 +949,8 @@ async fn partition_scale_down_keeps_everything(
     let before = states(federation, &both, kind).await?;
     eprintln!("before: {before:#?}");
 
-    let (partition, detected, fenced) = cut_off(federation, "east", kind).await?;
+    let (partition, cut, still_ready) = cut_off_until_fenced(federation, "east", kind).await?;
+    let fenced = (kind == Kind::Database).then(|| cut.elapsed());
 
     let scaled = Instant::now();
     scale(federation, kind, 1).await?;
@@ -798,6 +976,7 @@ async fn partition_scale_down_keeps_everything(
     assert!(message.contains("east"), "names the cluster: {message}");
     let event = wait_event(federation, kind, "WaitingForPartition").await?;
     eprintln!("event: {:?}", event.note);
+    let detected = wait_member_ready(federation, "east", false, cut).await?;
 
     // Several probe intervals and lease renewals: nothing deleted or shrunk anywhere.
     let probes = hold_steady(federation, &both, kind, &before, STEADY).await?;
@@ -871,13 +1050,14 @@ async fn partition_scale_down_keeps_everything(
 
     println!(
         "{} scale-down 2 -> 1 during a partition: east not Ready {:.1}s after the cut{}; \
-         WaitingForPartition {:.1}s after the scale; {probes} probes over {:.0}s saw nothing deleted or shrunk; \
+         scaled while the hub {} counted east Ready; WaitingForPartition {:.1}s after the scale; {probes} probes over {:.0}s saw nothing deleted or shrunk; \
          after the heal the change completed in {:.1}s: kept {kept} (same UIDs), removed {removed} with its {} claim(s) kept{meanwhile}",
         kind.kind(),
         detected.as_secs_f64(),
         fenced
             .map(|f| format!(", fenced read-only {:.1}s after the cut", f.as_secs_f64()))
             .unwrap_or_default(),
+        if still_ready { "still" } else { "no longer" },
         waiting.as_secs_f64(),
         STEADY.as_secs_f64(),
         completed.as_secs_f64(),
