@@ -63,6 +63,13 @@ pub struct HubOptions {
     /// Share of a member token's lifetime after which the hub renews it (0 to 1).
     #[arg(long, default_value_t = tokens::DEFAULT_RENEW_FRACTION)]
     pub token_renew_fraction: f64,
+    /// Drift repair and watch liveness: every this often the hub lists every member's
+    /// copies again (a watch that silently died is replaced) and applies every copy
+    /// again, as it would now (edits made in a member, a `kubectl scale`, changed
+    /// ConfigMap data are undone; an apply that changes nothing is free in the member).
+    /// The pass is spread over the interval. At least 10s.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub resync_interval: Duration,
     /// Failover evictions allowed per second, over all bindings (a token bucket with a
     /// burst of one second's worth). Each binding that moves replicas off a failed cluster
     /// takes one; the others wait for the next pass.
@@ -168,6 +175,15 @@ pub async fn run(options: HubOptions) -> Result<()> {
             reason: format!(
                 "{} must be a positive number of evictions per second",
                 options.eviction_rate
+            ),
+        });
+    }
+    if options.resync_interval < Duration::from_secs(10) {
+        return Err(crate::Error::InvalidOption {
+            option: "--resync-interval".into(),
+            reason: format!(
+                "{:?} is too short: every copy in every member is listed and applied again each interval; use 10s or more (default 10m)",
+                options.resync_interval
             ),
         });
     }
@@ -369,6 +385,7 @@ pub async fn run_membership(
     // Registered once: the controller restarts with each leadership term.
     let controller_metrics = federation::register_metrics(&process.metrics);
     let eviction_rate = options.eviction_rate;
+    let resync_interval = options.resync_interval;
     let finalizer_admission_policy = options.finalizer_admission_policy;
     let scheduler_task = tokio::spawn(crate::leader::run_while_leader(
         state.leadership.clone(),
@@ -383,6 +400,7 @@ pub async fn run_membership(
                 controller_metrics.clone(),
                 federation::ControllerOptions {
                     eviction_rate,
+                    resync_interval,
                     finalizer_admission_policy,
                 },
                 cancel,

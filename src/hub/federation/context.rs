@@ -77,6 +77,7 @@ pub struct ControllerMetrics {
     pub(super) synced: Gauge,
     pub(super) queue_depth: Gauge,
     pub(super) pending_writes: Gauge,
+    pub(super) orphan_copies: Family<ClusterLabel, Gauge>,
 }
 
 impl ControllerMetrics {
@@ -97,7 +98,13 @@ impl ControllerMetrics {
             synced: Gauge::default(),
             queue_depth: Gauge::default(),
             pending_writes: Gauge::default(),
+            orphan_copies: Family::default(),
         };
+        metrics.register(
+            "hub_orphan_copies",
+            "Copies in a member that carry the hub's labels while no template or binding on the hub names them, as the last resync found them",
+            m.orphan_copies.clone(),
+        );
         metrics.register(
             "hub_synced",
             "1 once the hub has read every hub object and every Ready member's copies and reconciled every template once (a restarted hub is quiescent from here)",
@@ -341,6 +348,9 @@ pub(super) struct Context {
     pub follow: Mutex<crate::hub::federation::follow::Follow>,
     /// What placement knew of the members when last asked ([`Context::views`]).
     pub views: Mutex<Option<ViewsBuilt>>,
+    /// Templates the current resync pass has yet to apply again (every copy, whatever
+    /// the hub believes it holds); taken by their next reconcile.
+    pub resync: Mutex<std::collections::HashSet<ObjectKey>>,
 }
 
 /// What placement knows of every member, sorted by name, with each staticWeightList it

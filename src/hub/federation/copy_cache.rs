@@ -70,6 +70,11 @@ impl ClusterCopies {
         self.store(resource).is_some_and(TextStore::ready) || self.unavailable(resource).is_some()
     }
 
+    /// The (namespace, name) of every copy of this kind, as last seen.
+    pub fn keys(&self, resource: &ApiResource) -> Vec<(String, String)> {
+        self.store(resource).map(|s| s.keys()).unwrap_or_default()
+    }
+
     /// The managed copy of `namespace/name` of this kind, as last seen.
     pub fn get(
         &self,
@@ -178,6 +183,7 @@ pub async fn run(
     board: HealthBoard,
     evidence: Evidence,
     kinds: Kinds,
+    relist_every: Duration,
     shutdown: CancellationToken,
 ) {
     let inner = registry.clone();
@@ -188,6 +194,7 @@ pub async fn run(
             board.clone(),
             evidence.clone(),
             kinds.clone(),
+            relist_every,
             name,
             cancel,
         )
@@ -222,13 +229,17 @@ fn may_watch(board: &HealthBoard, name: &str) -> bool {
 /// Watches one member; restarts its watches when its credentials change, it turns
 /// healthy again after a failure, or it answers again after it was suspect (one failed
 /// probe or lease renewal: a watch may have silently died meanwhile, and a stateful
-/// delete needs copies listed since the member was last suspect).
+/// delete needs copies listed since the member was last suspect), and every
+/// `relist_every` whatever happened (a watch can die silently without any failed probe:
+/// a connection dropped by a middlebox; nothing would report it).
+#[allow(clippy::too_many_arguments)]
 async fn watch_member(
     caches: CopyCaches,
     registry: Registry,
     board: HealthBoard,
     evidence: Evidence,
     kinds: Kinds,
+    relist_every: Duration,
     name: String,
     cancel: CancellationToken,
 ) {
@@ -268,9 +279,14 @@ async fn watch_member(
         caches.set(&name, Some(copies.clone()));
         let mut was_healthy = is_healthy(&board, &name);
         let mut listed = false;
+        let relist_at = tokio::time::Instant::from_std(started + relist_every);
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => break 'connect,
+                _ = tokio::time::sleep_until(relist_at) => {
+                    tracing::debug!(member = %name, "periodic relist of the member's copies");
+                    continue 'connect;
+                }
                 event = events.next() => {
                     match event {
                         Some(Some(event)) => caches.tell(event),

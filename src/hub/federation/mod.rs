@@ -69,8 +69,11 @@ use crate::hub::federation::copy_cache::{CopyCaches, CopyEvent, Kinds, Look};
 use crate::hub::federation::discovery::{Gvk, KindNeeds};
 use crate::metrics::Metrics;
 pub use context::ControllerMetrics;
-use context::{CallLabels, CallVerbLabels, Context, RateLimit, Stores, is_echo, slim_template};
+use context::{
+    CallLabels, CallVerbLabels, ClusterLabel, Context, RateLimit, Stores, is_echo, slim_template,
+};
 use queue::WorkQueue;
+use scheduler::binding_name;
 use text_store::TextStore;
 use writer::{Completed, ObjectKey, Writers};
 
@@ -98,6 +101,9 @@ pub const LIST_PAGE: u32 = 100;
 pub struct ControllerOptions {
     /// Bindings that may evict replicas from a failed cluster, per second.
     pub eviction_rate: f64,
+    /// How often every member's copies are listed again and every copy applied again
+    /// (drift repair that survives restarts; `--resync-interval`).
+    pub resync_interval: Duration,
     /// Keep the MutatingAdmissionPolicy that adds the cleanup finalizer on create
     /// ([`finalizer_policy`]); off, the hub deletes it and adds every finalizer itself.
     pub finalizer_admission_policy: bool,
@@ -252,6 +258,7 @@ async fn run_kinds(
         state.board.clone(),
         state.evidence.clone(),
         kinds.clone(),
+        options.resync_interval,
         shutdown.clone(),
     ));
     let (completed, mut completed_rx) = mpsc::unbounded_channel::<Completed>();
@@ -444,6 +451,7 @@ async fn run_kinds(
         views: Mutex::default(),
         reports: Mutex::default(),
         follow: Mutex::default(),
+        resync: Mutex::default(),
     });
 
     // Aborted when this function returns or is dropped (a leadership term that ends).
@@ -559,6 +567,12 @@ async fn run_kinds(
     }
     // Member health and the hub's frozen state -> queue, when a view changed.
     tasks.push(tokio::spawn(watch_views(context.clone(), shutdown.clone())));
+    // Drift repair: every template's copies applied again, spread over the interval.
+    tasks.push(tokio::spawn(resync(
+        context.clone(),
+        options.resync_interval,
+        shutdown.clone(),
+    )));
     // Gauges.
     tasks.push(tokio::spawn(report_progress(
         context.clone(),
@@ -772,6 +786,90 @@ async fn watch_views(context: Arc<Context>, shutdown: CancellationToken) {
             if context.stores.ready() {
                 queue_all(&context);
             }
+        }
+    }
+}
+
+/// Every `interval`, marks every template for a resync (its reconcile applies every copy
+/// again, whatever the hub believes the copy holds) and queues them spread over the
+/// interval, so the members see a steady trickle of applies, not a burst. Also reports
+/// copies that carry the hub's labels while no template or binding names them.
+async fn resync(context: Arc<Context>, interval: Duration, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+        if !context.stores.ready() {
+            continue;
+        }
+        let mut keys = vec![];
+        for (kind, store) in context.stores.templates.iter().enumerate() {
+            for (namespace, name) in store.keys() {
+                keys.push(ObjectKey {
+                    kind,
+                    namespace,
+                    name,
+                });
+            }
+        }
+        let step = interval / (keys.len().max(1) as u32 + 1);
+        {
+            let mut marked = context.resync.lock().unwrap_or_else(|p| p.into_inner());
+            marked.clear();
+            marked.extend(keys.iter().cloned());
+        }
+        for (i, key) in keys.into_iter().enumerate() {
+            context.queue.add_after(key, step * i as u32);
+        }
+        report_orphans(&context);
+    }
+}
+
+/// Copies in the members that carry the hub's labels while no template (and no binding)
+/// of their name exists on the hub: left by a hub that lost track of them (a leader change
+/// before a new template's decision was recorded, an older hub). Reported (a warning and
+/// `bulkhead_hub_orphan_copies`), never deleted by this pass: a copy the hub cannot tie to
+/// a template is deleted by no rule.
+fn report_orphans(context: &Context) {
+    for view in context.views().views.iter() {
+        let Some(copies) = context.caches.member(&view.name) else {
+            continue;
+        };
+        let mut orphans = vec![];
+        for (kind, (resource, _)) in context.kinds.iter().enumerate() {
+            if !copies.synced(resource) {
+                continue;
+            }
+            for (namespace, name) in copies.keys(resource) {
+                let key = ObjectKey {
+                    kind,
+                    namespace,
+                    name,
+                };
+                let template = context.template(&key).is_some();
+                let binding = context
+                    .binding(&key, &binding_name(&key.name, &resource.kind))
+                    .is_some();
+                if !template && !binding {
+                    orphans.push(format!("{} {}/{}", resource.kind, key.namespace, key.name));
+                }
+            }
+        }
+        context
+            .metrics
+            .orphan_copies
+            .get_or_create(&ClusterLabel {
+                cluster: view.name.clone(),
+            })
+            .set(orphans.len() as i64);
+        if !orphans.is_empty() {
+            tracing::warn!(
+                member = %view.name,
+                count = orphans.len(),
+                first = %orphans.iter().take(10).cloned().collect::<Vec<_>>().join(", "),
+                "copies carry the hub's labels but no template or binding names them; delete them in the member if they are not wanted"
+            );
         }
     }
 }

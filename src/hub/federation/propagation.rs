@@ -78,6 +78,10 @@ pub struct PlanInput<'a> {
     /// The override policies of the template, applied to each cluster's copy (None: no
     /// overrides).
     pub overrides: Option<&'a TemplateOverrides<'a>>,
+    /// A resync pass: every placed copy is applied again, even one whose applied-hash
+    /// says it holds what the hub would apply (someone may have changed it since, in a
+    /// way the hub's summary does not show).
+    pub resync: bool,
 }
 
 /// Server-side apply of a copy to a member.
@@ -261,7 +265,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                         }
                     },
                 };
-                if member.copy.is_some_and(|copy| copy_matches(&desired, copy)) {
+                if !input.resync && member.copy.is_some_and(|copy| copy_matches(&desired, copy)) {
                     continue;
                 }
                 let shrinks = input.interpretation.divisible()
@@ -549,6 +553,7 @@ mod tests {
             members,
             pending: &[],
             overrides: None,
+            resync: false,
         }
     }
 
@@ -900,6 +905,7 @@ mod tests {
             members,
             pending: &[],
             overrides: None,
+            resync: false,
         }
     }
 
@@ -970,6 +976,27 @@ mod tests {
         assert_eq!(plan.deletes.len(), 1);
         assert_eq!(plan.deletes[0].cluster, "west");
         assert_eq!(plan.deletes[0].guard, ["east", "west"]);
+    }
+
+    /// A copy that holds what the hub applied (by its applied-hash) is left alone, except
+    /// in a resync pass: a `kubectl scale` or an edit of a field the summary does not
+    /// show leaves the hash as it was, so the pass applies every copy again.
+    #[test]
+    fn a_resync_applies_a_copy_that_looks_as_applied() {
+        let template = template(2);
+        let targets = targets(&[("east", 2)]);
+        let mut east = copy(2, 2, "e");
+        let wanted = copy_of(&template, "shop.web", Some(2));
+        east.metadata.annotations =
+            serde_json::from_value(wanted["metadata"]["annotations"].clone()).ok();
+        let members = [member("east", Some(&east))];
+        let quiet = plan(&input(&template, &targets, &members));
+        assert!(quiet.applies.is_empty(), "{:?}", quiet.applies);
+        let mut pass = input(&template, &targets, &members);
+        pass.resync = true;
+        let again = plan(&pass);
+        assert_eq!(again.applies.len(), 1);
+        assert!(!again.applies[0].check_conflict);
     }
 
     /// Doubt is for stateful kinds only: a Deployment's scale-down goes ahead on Ready.
@@ -1232,6 +1259,7 @@ mod tests {
             members: &members,
             pending: &[],
             overrides: None,
+            resync: false,
         });
         assert_eq!(plan.applies.len(), 2);
         assert_eq!(plan.applies[0].object["data"]["k"], "v");

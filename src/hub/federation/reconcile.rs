@@ -197,6 +197,12 @@ fn plan(
             doubt: doubt.as_deref(),
         })
         .collect();
+    let resync = !deleting
+        && context
+            .resync
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
     let plan = propagation::plan(&PlanInput {
         template: &template_value,
         binding: &label,
@@ -207,6 +213,7 @@ fn plan(
         members: &copies,
         pending,
         overrides,
+        resync,
     });
     drop(copies);
     Planned {
