@@ -4,7 +4,8 @@
 //! reference fields (`ResourceInterpreter` `spec.dependencies`) are followed through
 //! chains, and a cycle is reported.
 //!
-//! Every test here joins the members with `--federate gizmos.example.org`.
+//! Every test here joins the members with `--federate gizmos.example.org --federate
+//! persistentvolumeclaims`.
 
 use std::time::Duration;
 
@@ -16,7 +17,12 @@ use bulkhead::api::find_condition;
 use bulkhead_e2e::federation::{Federation, config_maps, deployments, policies};
 use bulkhead_e2e::{Check, wait_for};
 
-const FEDERATE: &[&str] = &["--federate", "gizmos.example.org"];
+const FEDERATE: &[&str] = &[
+    "--federate",
+    "gizmos.example.org",
+    "--federate",
+    "persistentvolumeclaims",
+];
 
 async fn start(prefix: &str) -> Result<Federation> {
     Federation::start_joined(prefix, &[], &["1", "1"], None, FEDERATE).await
@@ -441,6 +447,156 @@ async fn a_dependency_stays_as_long_as_its_workload_tolerates_a_partition() -> R
     assert_eq!(
         holders(&federation, &deployments(), "patient").await,
         ["east", "west"]
+    );
+    Ok(())
+}
+
+fn claims() -> ApiResource {
+    ApiResource::erase::<k8s_openapi::api::core::v1::PersistentVolumeClaim>(&())
+}
+
+/// The UID of each member's copy of claim `name` that is not being deleted.
+async fn claim_copies(federation: &Federation, name: &str) -> Vec<(String, String)> {
+    let mut copies = vec![];
+    for cluster in ["east", "west"] {
+        if let Ok(Some(claim)) = federation.api(cluster, &claims()).get_opt(name).await
+            && claim.metadata.deletion_timestamp.is_none()
+        {
+            copies.push((cluster.to_string(), claim.metadata.uid.unwrap_or_default()));
+        }
+    }
+    copies
+}
+
+/// Issue 27, path 1: a claim that followed a Deployment to east and west stays there
+/// (the same objects, the data with them) when no workload references it any more,
+/// whichever way that happens: the Deployment is deleted, it stops naming the claim, its
+/// policy stops propagating dependencies, or its policy is deleted. Deleting the claim on
+/// the hub deletes its copies.
+#[tokio::test]
+async fn a_claim_that_followed_a_workload_stays_when_the_workload_goes() -> Result<()> {
+    let federation = start("deps-claims").await?;
+    let ns = federation.namespace.clone();
+    let cases = ["deleted", "unnamed", "nodeps", "nopolicy"];
+    let policy = |case: &str, deps: bool| {
+        federation.policy(
+            &format!("web-{case}"),
+            json!([{"apiVersion": "apps/v1", "kind": "Deployment", "name": format!("web-{case}")}]),
+            json!({"clusterAffinity": {"clusterNames": ["east", "west"]}}),
+            json!({"propagateDeps": deps}),
+        )
+    };
+    let deployment = |case: &str, mounts: bool| {
+        let volumes = if mounts {
+            json!([{"name": "data", "persistentVolumeClaim": {"claimName": format!("data-{case}")}}])
+        } else {
+            json!([])
+        };
+        json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": format!("web-{case}"), "namespace": ns},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": format!("web-{case}")}},
+                "template": {"metadata": {"labels": {"app": format!("web-{case}")}},
+                    "spec": {"containers": [{"name": "c", "image": "nginx"}], "volumes": volumes}}}})
+    };
+    for case in cases {
+        federation
+            .apply(
+                &claims(),
+                json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                    "metadata": {"name": format!("data-{case}"), "namespace": ns},
+                    "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "kwok-volume",
+                             "resources": {"requests": {"storage": "1Gi"}}}}),
+            )
+            .await?;
+        federation.apply(&policies(), policy(case, true)).await?;
+        federation
+            .apply(&deployments(), deployment(case, true))
+            .await?;
+    }
+    let mut before = std::collections::BTreeMap::new();
+    for case in cases {
+        wait_holders(
+            &federation,
+            &claims(),
+            &format!("data-{case}"),
+            &["east", "west"],
+        )
+        .await?;
+        before.insert(
+            case,
+            claim_copies(&federation, &format!("data-{case}")).await,
+        );
+        assert_eq!(before[case].len(), 2, "{case}: {:?}", before[case]);
+    }
+
+    // Four ways for the workloads to stop referencing their claims.
+    federation
+        .api("hub", &deployments())
+        .delete("web-deleted", &Default::default())
+        .await?;
+    federation
+        .apply(&deployments(), deployment("unnamed", false))
+        .await?;
+    federation
+        .apply(&policies(), policy("nodeps", false))
+        .await?;
+    federation
+        .api("hub", &policies())
+        .delete("web-nopolicy", &Default::default())
+        .await?;
+
+    // The claims' bindings say why their copies stay...
+    federation
+        .wait_binding(
+            "data-deleted-persistentvolumeclaim",
+            "a claim holds data: its copies stay",
+            Duration::from_secs(30),
+            |b| {
+                let scheduled = find_condition(&b.status.as_ref()?.conditions, "Scheduled")?;
+                scheduled
+                    .message
+                    .contains("a claim holds data")
+                    .then_some(())
+            },
+        )
+        .await?;
+    // ...and for 20 s (many reconciles, probes and the workloads' copies leaving) every
+    // copy stays, the same object.
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(20) {
+        for case in cases {
+            let now = claim_copies(&federation, &format!("data-{case}")).await;
+            assert_eq!(
+                now,
+                before[case],
+                "{case}: the claim's copies changed {:.1}s after the workload stopped referencing it",
+                started.elapsed().as_secs_f64()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    wait_holders(&federation, &deployments(), "web-deleted", &[]).await?;
+
+    // Deleting the claim on the hub deletes its copies.
+    federation
+        .api("hub", &claims())
+        .delete("data-deleted", &Default::default())
+        .await?;
+    wait_for(
+        "data-deleted's copies deleted",
+        Duration::from_secs(60),
+        || async {
+            let now = claim_copies(&federation, "data-deleted").await;
+            if now.is_empty() {
+                Check::Done(())
+            } else {
+                Check::Waiting(format!("{now:?}"))
+            }
+        },
+    )
+    .await?;
+    println!(
+        "claims kept for 20 s in east and west after their workload was deleted, stopped naming them, stopped propagating dependencies, or lost its policy; deleted once the claim was deleted on the hub"
     );
     Ok(())
 }
