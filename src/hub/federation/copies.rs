@@ -158,9 +158,20 @@ pub fn applied_hash(copy: &Value) -> String {
 /// The key of the applied-hash annotation.
 pub const ANNOTATION_HASH_KEY: &str = ANNOTATION_APPLIED_HASH;
 
-/// Whether an object found in a member is one of ours.
+/// Whether an object found in a member is one of ours: it carries the managed-by label,
+/// or (someone removed that label, which takes the copy out of the hub's watch) the
+/// binding label the hub gives its copy of this very namespace and name.
 pub fn is_managed(existing: &Value) -> bool {
-    existing["metadata"]["labels"][LABEL_MANAGED_BY].as_str() == Some(MANAGED_BY)
+    let metadata = &existing["metadata"];
+    let labels = &metadata["labels"];
+    labels[LABEL_MANAGED_BY].as_str() == Some(MANAGED_BY)
+        || labels[LABEL_BINDING].as_str().is_some_and(|binding| {
+            binding
+                == binding_label(
+                    metadata["namespace"].as_str().unwrap_or_default(),
+                    metadata["name"].as_str().unwrap_or_default(),
+                )
+        })
 }
 
 /// What to do about an object of the same name already in a member.
@@ -213,6 +224,26 @@ pub fn already_matches(desired: &Value, existing: &Value) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A copy whose managed-by label someone removed is still the hub's (its binding
+    /// label names it): applied again, which puts the label back, not a conflict.
+    #[test]
+    fn a_copy_without_its_managed_by_label_is_still_ours() {
+        let unlabelled = serde_json::json!({"kind": "ConfigMap", "metadata": {
+            "name": "settings", "namespace": "shop",
+            "labels": {LABEL_BINDING: binding_label("shop", "settings")}}});
+        assert_eq!(
+            ownership(Some(&unlabelled), ConflictResolution::Abort, "east"),
+            Ownership::Apply
+        );
+        let elsewhere = serde_json::json!({"kind": "ConfigMap", "metadata": {
+            "name": "settings", "namespace": "shop",
+            "labels": {LABEL_BINDING: binding_label("shop", "other")}}});
+        assert!(matches!(
+            ownership(Some(&elsewhere), ConflictResolution::Abort, "east"),
+            Ownership::Conflict(_)
+        ));
+    }
 
     /// The copy with the built-in interpretation of the template's kind.
     fn copy_of(template: &Value, binding: &str, replicas: Option<i32>) -> Value {

@@ -46,6 +46,10 @@ pub struct MemberCopy<'a> {
     pub reachable: bool,
     /// The hub's cache of this cluster's managed copies holds a complete list.
     pub synced: bool,
+    /// The member refuses to list the kind to the hub (403/404): `synced` holds, with
+    /// nothing in the list, but the hub does not know what the member holds, so a
+    /// cleanup recorded for it stays recorded.
+    pub refused: bool,
     /// The managed copy as last seen (possibly stale while the cluster is unreachable).
     pub copy: Option<&'a DynamicObject>,
     /// Stateful kinds: why the hub lacks fresh positive evidence of the cluster
@@ -280,7 +284,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
             None => {
                 let recorded = input.pending.iter().any(|p| p == member.cluster);
                 let holds = member.copy.is_some();
-                if member.reachable && member.synced {
+                if member.reachable && member.synced && !(member.refused && recorded) {
                     if !holds {
                         continue;
                     }
@@ -444,7 +448,8 @@ pub fn copy_settled(interpretation: &Interpretation, copy: &DynamicObject) -> bo
 fn plan_cleanup(input: &PlanInput<'_>, plan: &mut Plan) {
     for member in input.members {
         let cluster = member.cluster.to_string();
-        if member.reachable && member.synced {
+        let recorded = input.pending.iter().any(|p| p == member.cluster);
+        if member.reachable && member.synced && !(member.refused && recorded) {
             if let Some(copy) = member.copy {
                 if copy.metadata.deletion_timestamp.is_none() {
                     plan.deletes.push(Delete {
@@ -460,7 +465,6 @@ fn plan_cleanup(input: &PlanInput<'_>, plan: &mut Plan) {
             }
         } else {
             let placed = input.targets.iter().any(|t| t.name == member.cluster);
-            let recorded = input.pending.iter().any(|p| p == member.cluster);
             if member.copy.is_some() || placed || recorded {
                 plan.notes.insert(
                     cluster.clone(),
@@ -533,6 +537,7 @@ mod tests {
             cluster,
             reachable: true,
             synced: true,
+            refused: false,
             copy,
             doubt: None,
         }
@@ -997,6 +1002,33 @@ mod tests {
         let again = plan(&pass);
         assert_eq!(again.applies.len(), 1);
         assert!(!again.applies[0].check_conflict);
+    }
+
+    /// A member that refuses to list the kind to the hub (its role lost the permission,
+    /// its CRD went) shows no copy: a cleanup recorded for it stays recorded, for a
+    /// placement change and for a deleted template alike.
+    #[test]
+    fn a_refused_kind_keeps_its_recorded_cleanups() {
+        let template = template(2);
+        let targets = targets(&[("west", 2)]);
+        let west = copy(2, 2, "w");
+        let refused = MemberCopy {
+            refused: true,
+            ..member("east", None)
+        };
+        let members = [refused, member("west", Some(&west))];
+        let pending = ["east".to_string()];
+        let mut moved = input(&template, &targets, &members);
+        moved.pending = &pending;
+        assert_eq!(plan(&moved).pending_cleanup, ["east"]);
+        moved.deleting = true;
+        let deleting = plan(&moved);
+        assert!(deleting.pending_cleanup.contains(&"east".to_string()));
+        assert!(!deleting.cleanup_done);
+        // Not recorded: nothing is known to be there, nothing is kept pending.
+        moved.pending = &[];
+        moved.deleting = false;
+        assert!(plan(&moved).pending_cleanup.is_empty());
     }
 
     /// Doubt is for stateful kinds only: a Deployment's scale-down goes ahead on Ready.

@@ -145,6 +145,9 @@ fn plan(
         .map(|view| {
             let cache = context.caches.member(&view.name);
             let synced = cache.as_ref().is_some_and(|c| c.synced(resource));
+            let refused = cache
+                .as_ref()
+                .is_some_and(|c| c.unavailable(resource).is_some());
             let cached = cache.and_then(|c| c.get(resource, &key.namespace, &key.name));
             let mut copy = context.writers.fresh(&view.name, key, cached);
             if let Some(held) = copy.as_ref()
@@ -162,6 +165,7 @@ fn plan(
                 cluster: view.name.clone(),
                 reachable: view.ready,
                 synced,
+                refused,
                 copy,
                 op: None,
                 outcome: None,
@@ -193,6 +197,7 @@ fn plan(
             cluster: &m.cluster,
             reachable: m.reachable,
             synced: m.synced,
+            refused: m.refused,
             copy: m.copy.as_deref(),
             doubt: doubt.as_deref(),
         })

@@ -36,6 +36,8 @@ pub(super) struct Member {
     pub cluster: String,
     pub reachable: bool,
     pub synced: bool,
+    /// The member refuses to list the kind to the hub (see `propagation::MemberCopy`).
+    pub refused: bool,
     /// The freshest copy the hub knows there.
     pub copy: Option<Arc<DynamicObject>>,
     /// What the plan hands to the member's writer now (None: nothing to do).
