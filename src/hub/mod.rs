@@ -144,6 +144,9 @@ pub struct HubState {
     /// Fresh positive evidence of each member: what a stateful delete or shrink needs of
     /// every cluster involved (DESIGN.md section 5).
     pub evidence: membership::evidence::Evidence,
+    /// The kinds the policies select (or the workloads' dependencies need) that the hub
+    /// cannot federate, with why and the fix; reported on policies and bindings.
+    pub refusals: Arc<ArcSwap<Vec<federation::discovery::Refusal>>>,
 }
 
 impl Default for HubState {
@@ -154,6 +157,7 @@ impl Default for HubState {
             hub_health: Arc::new(ArcSwap::from_pointee(HubHealth::default())),
             leadership: crate::leader::Leadership::always(),
             evidence: membership::evidence::Evidence::default(),
+            refusals: Arc::default(),
         }
     }
 }

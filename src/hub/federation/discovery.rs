@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use futures::StreamExt;
 use k8s_openapi::api::authorization::v1::ResourceAttributes;
 use kube::api::{ApiResource, Patch, PatchParams};
@@ -300,8 +301,12 @@ impl Inputs {
 
 /// Runs `controller` over the kinds to federate, and again over the new set whenever it
 /// changes, until shutdown.
-pub async fn supervise<F, Fut>(client: Client, shutdown: CancellationToken, mut controller: F)
-where
+pub async fn supervise<F, Fut>(
+    client: Client,
+    refusals: Arc<ArcSwap<Vec<Refusal>>>,
+    shutdown: CancellationToken,
+    mut controller: F,
+) where
     F: FnMut(Kinds, KindNeeds, CancellationToken) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
@@ -330,6 +335,7 @@ where
         }
     }
     let (mut running, mut refused, mut verdicts) = inputs.compute().await;
+    refusals.store(Arc::new(refused.clone()));
     loop {
         report_verdicts(&client, &inputs.interpreters, &verdicts).await;
         let messages: Vec<String> = refused
@@ -372,6 +378,9 @@ where
                 verdicts = now_verdicts;
             }
             refused = now_refused;
+            if **refusals.load() != refused {
+                refusals.store(Arc::new(refused.clone()));
+            }
             if !same_kinds(&kinds, &running) {
                 break Some(kinds);
             }

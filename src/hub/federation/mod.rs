@@ -218,18 +218,24 @@ pub async fn run(
     options: ControllerOptions,
     shutdown: CancellationToken,
 ) {
-    discovery::supervise(hub.clone(), shutdown, move |kinds, needs, term| {
-        run_kinds(
-            hub.clone(),
-            state.clone(),
-            recorder.clone(),
-            metrics.clone(),
-            options.clone(),
-            kinds,
-            needs,
-            term,
-        )
-    })
+    let refusals = state.refusals.clone();
+    discovery::supervise(
+        hub.clone(),
+        refusals,
+        shutdown,
+        move |kinds, needs, term| {
+            run_kinds(
+                hub.clone(),
+                state.clone(),
+                recorder.clone(),
+                metrics.clone(),
+                options.clone(),
+                kinds,
+                needs,
+                term,
+            )
+        },
+    )
     .await;
 }
 

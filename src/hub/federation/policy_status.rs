@@ -139,12 +139,19 @@ fn templates_word(count: usize) -> &'static str {
     if count == 1 { "template" } else { "templates" }
 }
 
+/// The kinds the hub federates, and the ones it was asked to but cannot (with why).
+pub struct KindSet<'a> {
+    /// The (apiVersion, kind) pairs the hub watches as templates.
+    pub federated: &'a [(&'a str, &'a str)],
+    /// The kinds the policies select (or workloads reference) that discovery refused.
+    pub refused: &'a [crate::hub::federation::discovery::Refusal],
+}
+
 /// The `Selected` condition for `policy` from its tally: (status, reason, message).
-/// `federated` lists the (apiVersion, kind) pairs the hub watches as templates.
 pub fn condition(
     policy: &PolicyCandidate,
     tally: &Tally,
-    federated: &[(&str, &str)],
+    federated: &KindSet<'_>,
 ) -> (ConditionStatus, &'static str, String) {
     if tally.selected > 0 {
         let selects = format!(
@@ -225,9 +232,20 @@ fn selector_hint(
     policy: &PolicyCandidate,
     selector: &ResourceSelector,
     counts: &SelectorTally,
-    federated: &[(&str, &str)],
+    federated: &KindSet<'_>,
 ) -> String {
     let kind = &selector.kind;
+    if let Some(refusal) = federated
+        .refused
+        .iter()
+        .find(|r| r.kind.api_version == selector.api_version && &r.kind.kind == kind)
+    {
+        return format!(
+            "{} {kind} cannot be federated: {}",
+            selector.api_version, refusal.reason
+        );
+    }
+    let federated = federated.federated;
     if !federated
         .iter()
         .any(|(api_version, k)| *api_version == selector.api_version && k == kind)
@@ -312,7 +330,7 @@ pub fn desired_status(
     policy: &PolicyCandidate,
     generation: Option<i64>,
     tally: &Tally,
-    federated: &[(&str, &str)],
+    federated: &KindSet<'_>,
     current: Option<&PropagationPolicyStatus>,
 ) -> PropagationPolicyStatus {
     let (status, reason, message) = condition(policy, tally, federated);
@@ -553,6 +571,11 @@ async fn pass(
         .iter()
         .map(|(ar, _)| (ar.api_version.as_str(), ar.kind.as_str()))
         .collect();
+    let refused = context.state.refusals.load_full();
+    let federated = KindSet {
+        federated: &federated,
+        refused: &refused,
+    };
 
     let now = Instant::now();
     let mut due: Option<Instant> = None;
@@ -677,11 +700,14 @@ mod tests {
         }
     }
 
-    const FEDERATED: &[(&str, &str)] = &[
-        ("apps/v1", "Deployment"),
-        ("apps/v1", "StatefulSet"),
-        ("v1", "ConfigMap"),
-    ];
+    const FEDERATED: &KindSet<'static> = &KindSet {
+        federated: &[
+            ("apps/v1", "Deployment"),
+            ("apps/v1", "StatefulSet"),
+            ("v1", "ConfigMap"),
+        ],
+        refused: &[],
+    };
 
     fn deployment<'a>(
         namespace: &'a str,
@@ -780,6 +806,32 @@ mod tests {
                 "TemplatesSelected",
                 "selects 1 template and places it"
             )
+        );
+    }
+
+    /// A kind discovery refused (here: the hub lacks the permission) is named with the
+    /// reason and the fix, not as an unknown kind.
+    #[test]
+    fn a_refused_kind_says_what_is_missing_and_where() {
+        let refused = [crate::hub::federation::discovery::Refusal {
+            kind: crate::hub::federation::discovery::Gvk {
+                api_version: "v1".into(),
+                kind: "PersistentVolumeClaim".into(),
+            },
+            reason: "the hub may not list persistentvolumeclaims on the hub: grant it (chart value `federatedResources`, docs/operations.md)".into(),
+        }];
+        let kinds = KindSet {
+            federated: FEDERATED.federated,
+            refused: &refused,
+        };
+        let claims = spec(0, vec![selector("v1", "PersistentVolumeClaim", None)]);
+        let candidate = cluster("claims", &claims);
+        let tallies = tally(std::slice::from_ref(&candidate), []);
+        let (status, _, message) = condition(&candidate, &tallies[0], &kinds);
+        assert_eq!(status, ConditionStatus::False);
+        assert!(
+            message.contains("v1 PersistentVolumeClaim cannot be federated: the hub may not list persistentvolumeclaims on the hub: grant it"),
+            "{message}"
         );
     }
 

@@ -496,7 +496,7 @@ async fn place_template(
         frozen,
         now,
     );
-    note_workload(context, key, template, &candidates, chosen.as_ref());
+    let unfollowed = note_workload(context, key, template, &candidates, chosen.as_ref());
     note_references(context, key, template, chosen.is_none());
     let mut desired = match chosen {
         Some(desired) => desired,
@@ -516,6 +516,17 @@ async fn place_template(
             }
         },
     };
+    if !unfollowed.is_empty()
+        && let Some(scheduled) = desired
+            .status
+            .conditions
+            .iter_mut()
+            .find(|c| c.type_ == "Scheduled")
+    {
+        scheduled
+            .message
+            .push_str(&format!("; {}", unfollowed.join("; ")));
+    }
     let mut again = desired.next_change.map(|at| {
         Duration::from_millis((at.as_millisecond() - now.as_millisecond()).max(0) as u64)
     });
@@ -680,13 +691,16 @@ async fn place_template(
 /// Tells the dependency graph what a template references and where it is placed, when
 /// its policy propagates dependencies (and that it is no workload otherwise), and queues
 /// the dependencies whose placement may have changed.
+/// Returns, for a workload whose policy propagates dependencies, the dependencies that
+/// cannot follow it because the hub cannot federate their kind (a permission missing on
+/// the hub, a kind not served), each with why and the fix: its binding says so.
 fn note_workload(
     context: &Context,
     key: &ObjectKey,
     template: &DynamicObject,
     candidates: &[PolicyCandidate],
     desired: Option<&DesiredBinding>,
-) {
+) -> Vec<String> {
     let propagates = desired.and_then(|d| {
         let reference = d.spec.policy.as_ref()?;
         candidates
@@ -706,6 +720,40 @@ fn note_workload(
             follow::placed_clusters(&desired.spec.clusters),
         )
     });
+    let refusals = context.state.refusals.load();
+    let mut unfollowed = vec![];
+    for (references, clusters) in workload.iter() {
+        for reference in references {
+            if let Some(refusal) = refusals.iter().find(|r| {
+                r.kind.api_version == reference.api_version && r.kind.kind == reference.kind
+            }) {
+                unfollowed.push(format!(
+                    "its dependency {reference} cannot follow it: {}",
+                    refusal.reason
+                ));
+                continue;
+            }
+            // Federated on the hub, but a member may refuse the kind to the hub.
+            let Some((resource, _)) = context
+                .kinds
+                .iter()
+                .find(|(r, _)| r.api_version == reference.api_version && r.kind == reference.kind)
+            else {
+                continue;
+            };
+            for cluster in clusters {
+                if let Some(why) = context
+                    .caches
+                    .member(cluster)
+                    .and_then(|copies| copies.unavailable(resource))
+                {
+                    unfollowed.push(format!(
+                        "its dependency {reference} cannot follow it to {cluster}: {why}"
+                    ));
+                }
+            }
+        }
+    }
     let touched = context
         .follow
         .lock()
@@ -714,6 +762,7 @@ fn note_workload(
     for dependency in touched {
         context.queue.add(dependency);
     }
+    unfollowed
 }
 
 /// Tells the dependency graph what a template no policy places references through its
