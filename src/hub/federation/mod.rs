@@ -42,6 +42,8 @@ pub mod propagation;
 pub mod queue;
 pub mod reconcile;
 pub mod scheduler;
+#[cfg(test)]
+mod simulation;
 pub mod status;
 pub mod text_store;
 pub mod writer;

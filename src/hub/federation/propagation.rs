@@ -398,7 +398,18 @@ fn replacement_ready(input: &PlanInput<'_>) -> bool {
         let copy = member.and_then(|m| m.copy);
         let current = copy.and_then(copy_replicas);
         if input.interpretation.divisible() && current.is_some_and(|c| c > t.replicas) {
-            return true; // shrinking itself
+            // Shrinking itself: a replacement once it holds its new share Ready (a copy
+            // scaled up a moment ago and down again may hold none of it yet).
+            let known = member.is_some_and(|m| m.reachable && m.synced && m.doubt.is_none());
+            if !known {
+                // Stateless: what an unreachable cluster holds is not waited for.
+                return !input.interpretation.stateful;
+            }
+            return copy.is_some_and(|c| {
+                c.metadata.deletion_timestamp.is_none()
+                    && observed_current(c)
+                    && copy_ready(c) >= t.replicas
+            });
         }
         match member {
             Some(m) if m.reachable && m.synced && m.doubt.is_none() => match copy {
@@ -424,19 +435,26 @@ fn ready_at_target(interpretation: &Interpretation, copy: &DynamicObject, replic
     if copy.metadata.deletion_timestamp.is_some() {
         return false;
     }
-    // Ready counts for the copy's current spec only: a status its controller wrote for
-    // an earlier generation says nothing of the spec the hub just applied.
-    if let (Some(generation), Some(observed)) = (
-        copy.metadata.generation,
-        copy.data["status"]["observedGeneration"].as_i64(),
-    ) && observed < generation
-    {
+    if !observed_current(copy) {
         return false;
     }
     if interpretation.reports_readiness() {
         return copy_ready(copy) >= replicas;
     }
     interpretation.condition_healthy(copy.data.get("status")) != Some(false)
+}
+
+/// Whether the copy's controller has observed its current generation (or does not say):
+/// Ready counts for the copy's current spec only, a status written for an earlier
+/// generation says nothing of the spec the hub just applied.
+fn observed_current(copy: &DynamicObject) -> bool {
+    match (
+        copy.metadata.generation,
+        copy.data["status"]["observedGeneration"].as_i64(),
+    ) {
+        (Some(generation), Some(observed)) => observed >= generation,
+        _ => true,
+    }
 }
 
 /// Whether a (slim) copy is Ready at the replicas it holds, by its kind's health rule (a
