@@ -348,7 +348,7 @@ fn trusted(input: &PlanInput<'_>, cluster: &str) -> bool {
     input
         .members
         .iter()
-        .any(|m| m.cluster == cluster && m.reachable && m.doubt.is_none())
+        .any(|m| m.cluster == cluster && m.reachable && m.synced && m.doubt.is_none())
 }
 
 /// `cluster`, and why it is not trusted when the Ready condition does not say it.
@@ -359,13 +359,20 @@ fn not_ready_because(input: &PlanInput<'_>, cluster: &str) -> String {
             doubt: Some(doubt),
             ..
         }) => format!("{cluster} ({doubt})"),
+        Some(MemberCopy {
+            reachable: true,
+            synced: false,
+            ..
+        }) => format!("{cluster} (its copies are not listed yet)"),
         _ => cluster.to_string(),
     }
 }
 
 /// Stateful kinds only: the clusters of the current placement (the previous decision,
-/// every cluster the hub last saw holding a copy, recorded cleanups) and the new one.
-/// Every one of them must be trusted for a copy to be deleted or shrunk anywhere.
+/// every cluster the hub last saw holding a copy, recorded cleanups, and every member
+/// whose copies the hub has not listed: it may hold one, as far as the hub knows) and
+/// the new one. Every one of them must be trusted for a copy to be deleted or shrunk
+/// anywhere.
 fn stateful_placement<'a>(input: &PlanInput<'a>) -> Vec<&'a str> {
     if !input.interpretation.stateful {
         return vec![];
@@ -379,7 +386,7 @@ fn stateful_placement<'a>(input: &PlanInput<'a>) -> Vec<&'a str> {
             input
                 .members
                 .iter()
-                .filter(|m| m.copy.is_some())
+                .filter(|m| m.copy.is_some() || !m.synced)
                 .map(|m| m.cluster),
         )
         .chain(input.pending.iter().map(String::as_str))
@@ -1047,6 +1054,41 @@ mod tests {
         moved.pending = &[];
         moved.deleting = false;
         assert!(plan(&moved).pending_cleanup.is_empty());
+    }
+
+    /// A member whose copies the hub has not listed (a new leader's watches, a member cut
+    /// off before they could list) may hold a copy the binding does not name: found by
+    /// the chaos run, where a new leader shrank a StatefulSet copy while such a member,
+    /// holding another, was cut off. It holds every stateful delete and shrink back.
+    #[test]
+    fn a_member_whose_copies_are_unknown_freezes_stateful_changes() {
+        let template = database(1);
+        let previous = targets(&[("east", 1), ("west", 1)]);
+        let new = targets(&[("east", 1)]);
+        let east = database_copy(1, 1, "e");
+        let west = database_copy(1, 1, "w");
+        let unknown = MemberCopy {
+            synced: false,
+            ..unreachable("north", None)
+        };
+        let members = [
+            member("east", Some(&east)),
+            unknown,
+            member("west", Some(&west)),
+        ];
+        let frozen = plan(&stateful(&template, &new, &previous, &members));
+        assert!(frozen.deletes.is_empty(), "{:?}", frozen.deletes);
+        assert_eq!(frozen.waiting_for, ["north"]);
+        // Listed, reachable and trusted: west's copy goes, north in the guard.
+        let listed = member("north", None);
+        let members = [
+            member("east", Some(&east)),
+            listed,
+            member("west", Some(&west)),
+        ];
+        let plan = plan(&stateful(&template, &new, &previous, &members));
+        assert_eq!(plan.deletes.len(), 1);
+        assert_eq!(plan.deletes[0].guard, ["east", "west"]);
     }
 
     /// Doubt is for stateful kinds only: a Deployment's scale-down goes ahead on Ready.
