@@ -5,7 +5,7 @@ LAB := e2e/lab
 CHART := charts/bulkhead
 HELM = $(shell e2e/k8s/build.sh --print)/helm
 
-.PHONY: demo test lint fmt crds crd-check chart-lint unit e2e lab-binaries lab-up lab-down build bench bench-lab
+.PHONY: demo test lint fmt crds crd-check chart-lint unit e2e chaos lab-binaries lab-up lab-down build bench bench-lab
 
 ## demo: bring up the lab (hub + 3 members), install Bulkhead and show placement and health
 demo: lab-binaries
@@ -46,6 +46,15 @@ unit:
 ## e2e: the end-to-end tests against the lab's real control planes (builds the lab binaries on first use)
 e2e: lab-binaries
 	e2e/run-e2e.sh
+
+## chaos: a seeded schedule of faults (partitions, the hub isolated, leader killed or frozen, member
+## API servers restarted) and user operations on a lab of its own, then the audit-log safety check
+## and the convergence check; CHAOS_SECONDS (default 180) and CHAOS_SEED (default random) choose
+## the schedule. See docs/chaos.md
+CHAOS_SECONDS ?= 180
+CHAOS_SEED ?=
+chaos: lab-binaries
+	CHAOS_SECONDS=$(CHAOS_SECONDS) CHAOS_SEED=$(CHAOS_SEED) e2e/run-chaos.sh
 
 build:
 	$(CARGO) build --workspace

@@ -11,19 +11,8 @@ export BULKHEAD_LAB_DIR="${BULKHEAD_LAB_DIR:-/tmp/bulkhead-lab-e2e}"
 export BULKHEAD_LAB_PORT_BASE="${BULKHEAD_LAB_PORT_BASE:-17400}"
 export BULKHEAD_LAB_ADDRESS_OCTET="${BULKHEAD_LAB_ADDRESS_OCTET:-2}"
 
-cargo build -q -p bulkhead --bin bulkhead
-up_output="$(e2e/lab up)"
-echo "$up_output"
-started=0
-grep -q "already running" <<<"$up_output" || started=1
-cleanup() {
-  if [[ $started -eq 1 && -z "${BULKHEAD_KEEP_LAB:-}" ]]; then
-    e2e/lab down
-  else
-    e2e/lab heal-all >/dev/null 2>&1 || true
-  fi
-}
-trap cleanup EXIT
+# shellcheck source=e2e/lab-session.sh
+source e2e/lab-session.sh
 # Leading `--test <file>` pairs choose test files (e.g. `--test stateful_safety`); the
 # rest goes to the test harness (name filters, --ignored, --nocapture).
 targets=()

@@ -31,6 +31,28 @@ pub const LEASE_RENEW: &str = "1s";
 pub const LEASE_DURATION_SECONDS: u64 = 3;
 
 /// The template kinds the suites use, as API resources.
+/// A StatefulSet template `name` with `replicas` and image `image`: one container mounting
+/// a 1Gi claim `data` of the lab's `kwok-volume` class per replica.
+pub fn statefulset_template(name: &str, replicas: i64, image: &str) -> Value {
+    serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "replicas": replicas,
+            "serviceName": name,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}},
+                         "spec": {"containers": [{"name": "app", "image": image,
+                             "volumeMounts": [{"name": "data", "mountPath": "/data"}]}]}},
+            "volumeClaimTemplates": [{
+                "metadata": {"name": "data"},
+                "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "kwok-volume",
+                         "resources": {"requests": {"storage": "1Gi"}}}
+            }]
+        }
+    })
+}
+
 pub fn deployments() -> ApiResource {
     ApiResource::erase::<k8s_openapi::api::apps::v1::Deployment>(&())
 }
@@ -210,6 +232,22 @@ impl Federation {
             &format!("{}-{identity}.log", self.namespace),
             &args,
         )
+    }
+
+    /// The arguments the federation runs its hub with, with identity `identity` (for a
+    /// caller that runs hub replicas of its own, e.g. the chaos nemesis).
+    pub fn hub_arguments(&self, identity: &str) -> Vec<String> {
+        let mut args = self.hub_args.clone();
+        if let Some(at) = args.iter().position(|a| a == "--identity") {
+            args[at + 1] = identity.to_string();
+        }
+        args
+    }
+
+    /// Hands the federation's hub process over to the caller, who then stops and starts
+    /// it (the federation no longer kills it when dropped).
+    pub fn take_hub(&mut self) -> Option<HubProcess> {
+        self.hub_process.take()
     }
 
     /// The identity the federation's own hub process runs with.

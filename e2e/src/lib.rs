@@ -3,6 +3,7 @@
 
 pub mod agent_support;
 pub mod bench;
+pub mod chaos;
 pub mod federation;
 pub mod hub_support;
 pub mod lab;

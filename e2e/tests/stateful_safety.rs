@@ -86,23 +86,9 @@ impl Kind {
                 "metadata": {"name": name},
                 "spec": {"replicas": replicas, "version": "16", "storage": {"size": "1Gi"}}
             }),
-            Kind::StatefulSet => json!({
-                "apiVersion": "apps/v1", "kind": "StatefulSet",
-                "metadata": {"name": name, "labels": {"app": name}},
-                "spec": {
-                    "replicas": replicas,
-                    "serviceName": name,
-                    "selector": {"matchLabels": {"app": name}},
-                    "template": {"metadata": {"labels": {"app": name}},
-                                 "spec": {"containers": [{"name": "app", "image": "postgres:16",
-                                     "volumeMounts": [{"name": "data", "mountPath": "/data"}]}]}},
-                    "volumeClaimTemplates": [{
-                        "metadata": {"name": "data"},
-                        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "kwok-volume",
-                                 "resources": {"requests": {"storage": "1Gi"}}}
-                    }]
-                }
-            }),
+            Kind::StatefulSet => {
+                bulkhead_e2e::federation::statefulset_template(name, replicas, "postgres:16")
+            }
         }
     }
 }

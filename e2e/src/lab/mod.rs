@@ -46,6 +46,39 @@ rules:
   - level: None
 ";
 
+/// The identity the hub has in every member: the service account `bulkhead join` creates
+/// there (`bulkhead-system/bulkhead-hub`), as the member's API server names its requests.
+pub const HUB_USER_IN_MEMBERS: &str = "system:serviceaccount:bulkhead-system:bulkhead-hub";
+
+/// The member API servers audit the hub's writes only (its reads, the probes and everyone
+/// else's requests are not recorded). Writes to the kinds that hold data (StatefulSets,
+/// MyDatabases, PersistentVolumeClaims and the chaos run's Shards) are recorded with their
+/// request and response bodies, so every DELETE and every apply with its `spec.replicas`
+/// is in the log (`make chaos` checks them, docs/chaos.md); the hub's other writes (the
+/// fencing Lease renewals, the copies of other kinds) with metadata only. The user must
+/// stay [`HUB_USER_IN_MEMBERS`] (a unit test compares them).
+pub const MEMBER_AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived, ResponseStarted]
+rules:
+  - level: RequestResponse
+    users: [\"system:serviceaccount:bulkhead-system:bulkhead-hub\"]
+    verbs: [create, update, patch, delete, deletecollection]
+    resources:
+      - group: apps
+        resources: [statefulsets]
+      - group: example.com
+        resources: [mydatabases]
+      - group: \"\"
+        resources: [persistentvolumeclaims]
+      - group: chaos.example.org
+        resources: [shards]
+  - level: Metadata
+    users: [\"system:serviceaccount:bulkhead-system:bulkhead-hub\"]
+    verbs: [create, update, patch, delete, deletecollection]
+  - level: None
+";
+
 /// Where a lab lives on the network: its port range and its external addresses. Two labs
 /// can run side by side (the demo's and the tests'), each with its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -581,6 +614,17 @@ impl Lab {
         Ok(())
     }
 
+    /// Whether `cluster`'s `component` (e.g. `kwok`) is recorded and alive.
+    pub fn component_running(&self, cluster_name: &str, component: &str) -> bool {
+        self.read_state().is_some_and(|state| {
+            state.processes.iter().any(|p| {
+                p.cluster == cluster_name
+                    && p.component == component
+                    && procs::is_lab_process(p.pid, &self.root)
+            })
+        })
+    }
+
     /// Heals every partition.
     pub fn heal_all(&self) -> Result<()> {
         firewall::clear_all()
@@ -611,9 +655,11 @@ impl Lab {
     fn prepare_cluster(&self, info: &ClusterInfo) -> Result<()> {
         let dir = self.cluster_dir(info.name);
         std::fs::create_dir_all(dir.join("logs"))?;
-        if info.role == Role::Hub {
-            std::fs::write(dir.join("audit-policy.yaml"), HUB_AUDIT_POLICY)?;
-        }
+        let audit_policy = match info.role {
+            Role::Hub => HUB_AUDIT_POLICY,
+            Role::Member => MEMBER_AUDIT_POLICY,
+        };
+        std::fs::write(dir.join("audit-policy.yaml"), audit_policy)?;
         let mut sans = vec![
             "localhost".to_string(),
             "127.0.0.1".to_string(),
@@ -707,26 +753,43 @@ impl Lab {
             "--endpoint-reconciler-type=none".into(),
             "--profiling=false".into(),
         ];
-        if info.role == Role::Hub {
-            args.extend([
-                format!(
-                    "--audit-policy-file={}",
-                    self.cluster_dir(info.name)
-                        .join("audit-policy.yaml")
-                        .display()
-                ),
-                format!("--audit-log-path={}", self.hub_audit_log().display()),
-                "--audit-log-maxsize=100".into(),
-                "--audit-log-maxbackup=1".into(),
-            ]);
-        }
+        // Bounded: one rotated file of at most the size (MB) besides the current one.
+        let max_size_megabytes = match info.role {
+            Role::Hub => 100,
+            Role::Member => 50,
+        };
+        args.extend([
+            format!(
+                "--audit-policy-file={}",
+                self.cluster_dir(info.name)
+                    .join("audit-policy.yaml")
+                    .display()
+            ),
+            format!("--audit-log-path={}", self.audit_log(info.name).display()),
+            format!("--audit-log-maxsize={max_size_megabytes}"),
+            "--audit-log-maxbackup=1".into(),
+        ]);
         args
+    }
+
+    /// A cluster API server's current audit log (rotated ones sit beside it as
+    /// `audit-<time>.log`).
+    fn audit_log(&self, name: &str) -> PathBuf {
+        self.log_dir(name).join("audit.log")
     }
 
     /// The hub API server's audit log: one JSON line per request made with a service
     /// account token (the Helm chart's account, see [`HUB_AUDIT_POLICY`]).
     pub fn hub_audit_log(&self) -> PathBuf {
-        self.log_dir("hub").join("audit.log")
+        self.audit_log("hub")
+    }
+
+    /// A member API server's audit log: one JSON line per write of the hub
+    /// ([`HUB_USER_IN_MEMBERS`]), with the bodies for the kinds that hold data (see
+    /// [`MEMBER_AUDIT_POLICY`]). When it grew past its size, the older lines are in one
+    /// rotated file beside it, `audit-<time>.log`.
+    pub fn member_audit_log(&self, name: &str) -> PathBuf {
+        self.audit_log(name)
     }
 
     fn controller_manager_args(&self, info: &ClusterInfo) -> Vec<String> {
@@ -1108,5 +1171,62 @@ impl Lab {
             .with_context(|| format!("CRD {name} not Established in {cluster} after 30 s"))??;
         }
         Ok(names)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_member_audit_policy_records_the_hubs_writes_with_bodies_for_the_kinds_holding_data() {
+        let hub_user = format!(
+            "system:serviceaccount:{}:{}",
+            bulkhead::api::SYSTEM_NAMESPACE,
+            bulkhead::cli::join::HUB_ACCOUNT
+        );
+        assert_eq!(HUB_USER_IN_MEMBERS, hub_user);
+        let policy: serde_json::Value = serde_yaml::from_str(MEMBER_AUDIT_POLICY).unwrap();
+        assert_eq!(policy["kind"], "Policy");
+        let rules = policy["rules"].as_array().unwrap();
+        let bodies = &rules[0];
+        assert_eq!(bodies["level"], "RequestResponse");
+        assert_eq!(bodies["users"], serde_json::json!([hub_user]));
+        let verbs: Vec<&str> = bodies["verbs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v.as_str())
+            .collect();
+        for verb in ["create", "patch", "delete"] {
+            assert!(verbs.contains(&verb), "{verb} missing from {verbs:?}");
+        }
+        for read in ["get", "list", "watch"] {
+            assert!(!verbs.contains(&read), "reads stay out of the log");
+        }
+        let resources: Vec<(String, String)> = bodies["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|r| {
+                let group = r["group"].as_str().unwrap().to_string();
+                r["resources"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(move |name| (group.clone(), name.as_str().unwrap().to_string()))
+            })
+            .collect();
+        for wanted in [
+            ("apps", "statefulsets"),
+            ("example.com", "mydatabases"),
+            ("", "persistentvolumeclaims"),
+        ] {
+            assert!(
+                resources.contains(&(wanted.0.to_string(), wanted.1.to_string())),
+                "{wanted:?} not recorded with bodies"
+            );
+        }
+        assert_eq!(rules.last().unwrap()["level"], "None", "nothing else");
     }
 }
