@@ -1445,6 +1445,23 @@ async fn no_candidate_fits_nothing_is_removed() -> Result<()> {
 /// Sets the user taint `maintenance:NoSchedule` on a MemberCluster (or removes it),
 /// keeping every other taint (the hub's own included).
 async fn set_maintenance(federation: &Federation, cluster: &str, on: bool) -> Result<()> {
+    // The hub writes the MemberCluster too (its status, its own taints): a conflict is
+    // read again and retried, as any client of a shared object does.
+    for _ in 0..5 {
+        match try_set_maintenance(federation, cluster, on).await {
+            Err(kube::Error::Api(status)) if status.code == 409 => continue,
+            done => return Ok(done?),
+        }
+    }
+    try_set_maintenance(federation, cluster, on).await?;
+    Ok(())
+}
+
+async fn try_set_maintenance(
+    federation: &Federation,
+    cluster: &str,
+    on: bool,
+) -> Result<(), kube::Error> {
     let api: Api<MemberCluster> = Api::all(federation.hub.clone());
     let current = api.get(cluster).await?;
     let mut taints: Vec<Value> = current
@@ -1452,8 +1469,8 @@ async fn set_maintenance(federation: &Federation, cluster: &str, on: bool) -> Re
         .taints
         .iter()
         .filter(|t| t.key != "maintenance")
-        .map(serde_json::to_value)
-        .collect::<Result<_, _>>()?;
+        .map(|t| serde_json::to_value(t).unwrap_or_default())
+        .collect();
     if on {
         taints.push(json!({"key": "maintenance", "effect": "NoSchedule"}));
     }
