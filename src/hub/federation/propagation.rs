@@ -412,11 +412,10 @@ fn replacement_ready(input: &PlanInput<'_>) -> bool {
                 // Stateless: what an unreachable cluster holds is not waited for.
                 return !input.interpretation.stateful;
             }
-            return copy.is_some_and(|c| {
-                c.metadata.deletion_timestamp.is_none()
-                    && observed_current(c)
-                    && copy_ready(c) >= t.replicas
-            });
+            // By the kind's health rule: a kind that reports no readiness is Ready as
+            // applied (the chaos run found a stateful custom kind's shrink waiting for a
+            // ready count it never reports).
+            return copy.is_some_and(|c| ready_at_target(input.interpretation, c, t.replicas));
         }
         match member {
             Some(m) if m.reachable && m.synced && m.doubt.is_none() => match copy {
@@ -1089,6 +1088,32 @@ mod tests {
         let plan = plan(&stateful(&template, &new, &previous, &members));
         assert_eq!(plan.deletes.len(), 1);
         assert_eq!(plan.deletes[0].guard, ["east", "west"]);
+    }
+
+    /// A stateful kind that reports no readiness (health `Present`, as a custom kind's
+    /// interpreter may say) shrinks and loses a cluster once the shrink is applied; it
+    /// never waits for a ready count it does not report.
+    #[test]
+    fn a_kind_without_readiness_shrinks_and_moves_without_a_ready_count() {
+        let mut interpretation = (*crate::hub::federation::interpreter::Interpreters::built_in()
+            .get("example.com/v1", "MyDatabase"))
+        .clone();
+        interpretation.health = crate::api::resource_interpreter::HealthRule {
+            type_: crate::api::resource_interpreter::HealthType::Present,
+            condition: None,
+        };
+        assert!(!interpretation.reports_readiness());
+        let template = database(1);
+        let previous = targets(&[("east", 5), ("west", 1)]);
+        let new = targets(&[("east", 1)]);
+        let east = database_copy(5, 0, "e");
+        let west = database_copy(1, 0, "w");
+        let members = [member("east", Some(&east)), member("west", Some(&west))];
+        let mut input = stateful(&template, &new, &previous, &members);
+        input.interpretation = &interpretation;
+        let planned = plan(&input);
+        assert_eq!(planned.applies.len(), 1, "east shrinks");
+        assert_eq!(planned.deletes.len(), 1, "west leaves");
     }
 
     /// Doubt is for stateful kinds only: a Deployment's scale-down goes ahead on Ready.
