@@ -850,6 +850,11 @@ fn report_orphans(context: &Context) {
                 continue;
             }
             for (namespace, name) in copies.keys(resource) {
+                // The member's own Bulkhead objects (the hub's account `join` made, the
+                // fencing Lease) carry the label too; they are no copies.
+                if scheduler::is_excluded_namespace(&namespace) {
+                    continue;
+                }
                 let key = ObjectKey {
                     kind,
                     namespace,
