@@ -832,7 +832,13 @@ fn following(
         clusters.iter().cloned().collect()
     };
     if restrict.is_empty() {
-        return None;
+        // It has left every cluster. A copy in a cluster that was unreachable when it left
+        // is still recorded for cleanup: the kept decision (no cluster) lets the plan
+        // delete it once the cluster is back (the chaos run found such a ConfigMap copy
+        // left for good).
+        return existing
+            .filter(|b| !pending_cleanups(Some(b)).is_empty())
+            .and_then(kept_decision);
     }
     // Every taint is tolerated: the workloads' own placement (their policies' tolerations
     // and failover timing) already chose these clusters. A toleration of its own would
