@@ -279,13 +279,18 @@ async fn watch_member(
         caches.set(&name, Some(copies.clone()));
         let mut was_healthy = is_healthy(&board, &name);
         let mut listed = false;
-        let relist_at = tokio::time::Instant::from_std(started + relist_every);
+        let mut relist_at = tokio::time::Instant::from_std(started + relist_every);
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => break 'connect,
                 _ = tokio::time::sleep_until(relist_at) => {
-                    tracing::debug!(member = %name, "periodic relist of the member's copies");
-                    continue 'connect;
+                    if is_healthy(&board, &name) {
+                        tracing::debug!(member = %name, "periodic relist of the member's copies");
+                        continue 'connect;
+                    }
+                    // Unhealthy: the store keeps what the member last held (the recovery
+                    // lists it again anyway).
+                    relist_at += relist_every;
                 }
                 event = events.next() => {
                     match event {
