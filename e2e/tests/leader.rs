@@ -422,6 +422,11 @@ async fn one_hub_leads_a_killed_leader_is_replaced_and_a_stopped_one_hands_over(
         "copies whose spec was written more than once: {rewritten:?}"
     );
 
+    // The new leader has finished: every binding and template status written (on a slow
+    // machine the burst's pods become Ready late, and a status still on its way would be
+    // the next leader's to write, which the "nothing to change" check below would count).
+    wait_all_converged(&federation).await?;
+
     // SIGTERM hands over at once: the old leader's identity comes back as a standby, the
     // leader is stopped, releases the Lease, and the standby leads well before the Lease
     // could have expired (the stopping leader renewed it until it released it).
@@ -595,4 +600,39 @@ async fn a_frozen_leader_is_replaced_and_stops_writing_when_it_resumes() -> Resu
     drop(standby);
     drop(federation);
     delete_lease(&lease).await
+}
+
+/// Waits until every binding of the test namespace says Propagated=True and Healthy=True:
+/// the leader has written every status it will write for the current state.
+async fn wait_all_converged(federation: &Federation) -> Result<()> {
+    let api: Api<bulkhead::api::ResourceBinding> =
+        Api::namespaced(federation.hub.clone(), &federation.namespace);
+    wait_for(
+        "every binding Propagated and Healthy",
+        Duration::from_secs(180),
+        || {
+            let api = api.clone();
+            async move {
+                let bindings = match api.list(&ListParams::default()).await {
+                    Ok(list) => list.items,
+                    Err(e) => return Check::Waiting(e.to_string()),
+                };
+                let waiting = bindings
+                    .iter()
+                    .filter(|b| {
+                        let conditions = b.status.as_ref().map(|s| s.conditions.as_slice());
+                        !["Propagated", "Healthy"].iter().all(|type_| {
+                            conditions.is_some_and(|c| bulkhead::api::is_condition_true(c, type_))
+                        })
+                    })
+                    .count();
+                if waiting == 0 && !bindings.is_empty() {
+                    Check::Done(())
+                } else {
+                    Check::Waiting(format!("{waiting} of {} not yet", bindings.len()))
+                }
+            }
+        },
+    )
+    .await
 }
