@@ -485,6 +485,16 @@ async fn one_hub_leads_a_killed_leader_is_replaced_and_a_stopped_one_hands_over(
         (last.applies, last.deletes, last.evictions),
         (0.0, 0.0, 0.0)
     );
+    if last.hub_writes != 0.0 {
+        // What was written, for the next person to look at.
+        let text = federation.hub_metrics().await?;
+        for line in text
+            .lines()
+            .filter(|l| l.starts_with("bulkhead_hub_writes_total"))
+        {
+            eprintln!("{line}");
+        }
+    }
     assert_eq!(last.hub_writes, 0.0, "nothing to change, nothing written");
     assert_eq!(member_copies(&federation).await?, copies);
 
@@ -603,7 +613,7 @@ async fn a_frozen_leader_is_replaced_and_stops_writing_when_it_resumes() -> Resu
 }
 
 /// Waits until every binding of the test namespace says Propagated=True and Healthy=True:
-/// the leader has written every status it will write for the current state.
+/// the leader has written every binding status it will write for the current state.
 async fn wait_all_converged(federation: &Federation) -> Result<()> {
     let api: Api<bulkhead::api::ResourceBinding> =
         Api::namespaced(federation.hub.clone(), &federation.namespace);
