@@ -974,7 +974,7 @@ mod tests {
         let east = database_copy(1, 1, "e");
         let west = database_copy(1, 1, "w");
         let suspect = MemberCopy {
-            doubt: Some("the fencing-lease renewal in east failed 0.4s ago"),
+            doubt: Some("the fencing-lease renewal in east failed"),
             ..member("east", Some(&east))
         };
         let members = [suspect, member("west", Some(&west))];

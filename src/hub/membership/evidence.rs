@@ -61,11 +61,10 @@ pub struct Windows {
     pub renewal: Duration,
 }
 
-fn ago(now: Instant, at: Instant) -> String {
-    format!(
-        "{:.1}s ago",
-        now.saturating_duration_since(at).as_secs_f64()
-    )
+/// A window as a user reads it. The messages carry no ages: they go into binding status,
+/// and a message that changed at every reconcile would be a write at every reconcile.
+fn seconds(window: Duration) -> String {
+    format!("{:.1}s", window.as_secs_f64())
 }
 
 /// Why the hub does not have fresh positive evidence of `cluster` at `now` (None: it
@@ -79,18 +78,17 @@ pub fn doubt(
     let Some(record) = record else {
         return Some(format!("the hub has not probed {cluster} yet"));
     };
+    let stale =
+        |signal: &Signal, window: Duration| now.saturating_duration_since(signal.at) > window;
     match record.probe {
         None => return Some(format!("the hub has not probed {cluster} yet")),
-        Some(Signal { ok: false, at }) => {
-            return Some(format!(
-                "{cluster}'s last health probe failed {}",
-                ago(now, at)
-            ));
+        Some(Signal { ok: false, .. }) => {
+            return Some(format!("{cluster}'s last health probe failed"));
         }
-        Some(Signal { at, .. }) if now.saturating_duration_since(at) > windows.probe => {
+        Some(probe) if stale(&probe, windows.probe) => {
             return Some(format!(
-                "{cluster}'s last successful health probe was {}",
-                ago(now, at)
+                "{cluster}'s last successful health probe is older than {}",
+                seconds(windows.probe)
             ));
         }
         Some(_) => {}
@@ -101,16 +99,15 @@ pub fn doubt(
                 "the hub has not renewed its fencing lease in {cluster} yet"
             ));
         }
-        Some(Signal { ok: false, at }) => {
+        Some(Signal { ok: false, .. }) => {
             return Some(format!(
-                "the fencing-lease renewal in {cluster} failed {}: its agent may be about to fence",
-                ago(now, at)
+                "the fencing-lease renewal in {cluster} failed: its agent may be about to fence"
             ));
         }
-        Some(Signal { at, .. }) if now.saturating_duration_since(at) > windows.renewal => {
+        Some(renewal) if stale(&renewal, windows.renewal) => {
             return Some(format!(
-                "the last confirmed fencing-lease renewal in {cluster} was {}",
-                ago(now, at)
+                "the last confirmed fencing-lease renewal in {cluster} is older than {}",
+                seconds(windows.renewal)
             ));
         }
         Some(_) => {}
@@ -118,8 +115,7 @@ pub fn doubt(
     match (record.listed, record.suspect_since) {
         (None, _) => Some(format!("{cluster}'s copies have not been listed yet")),
         (Some(listed), Some(suspect)) if listed <= suspect => Some(format!(
-            "{cluster} was suspect {} and its copies have not been listed again since",
-            ago(now, suspect)
+            "{cluster} was suspect and its copies have not been listed again since"
         )),
         _ => None,
     }
