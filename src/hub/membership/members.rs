@@ -388,6 +388,21 @@ pub async fn run(
 mod tests {
     use super::*;
 
+    /// [`rebuild`] for a hub without an election (its clients always write).
+    async fn rebuild_always(
+        members: &Store<MemberCluster>,
+        secrets: &Store<Secret>,
+        previous: &HashMap<String, MemberHandle>,
+    ) -> HashMap<String, MemberHandle> {
+        rebuild(
+            members,
+            secrets,
+            previous,
+            &crate::leader::Leadership::always(),
+        )
+        .await
+    }
+
     #[tokio::test]
     async fn a_kubeconfig_that_does_not_parse_is_reported_not_fatal() {
         let error = client_from_kubeconfig("not: [a kubeconfig")
@@ -440,13 +455,7 @@ mod tests {
                 secret("member-exec", "1", Some(&exec)),
             ],
         );
-        let snapshot = rebuild(
-            &members,
-            &secrets,
-            &HashMap::new(),
-            &crate::leader::Leadership::always(),
-        )
-        .await;
+        let snapshot = rebuild_always(&members, &secrets, &HashMap::new()).await;
         let reason = |name: &str| snapshot[name].connection.as_ref().err().unwrap().clone();
         assert!(
             reason("strict").contains("insecure-skip-tls-verify is true"),
@@ -506,13 +515,7 @@ mod tests {
                 secret("member-garbage", "1", Some("clusters: [unclosed")),
             ],
         );
-        let snapshot = rebuild(
-            &members,
-            &secrets,
-            &HashMap::new(),
-            &crate::leader::Leadership::always(),
-        )
-        .await;
+        let snapshot = rebuild_always(&members, &secrets, &HashMap::new()).await;
         assert_eq!(snapshot.len(), 5);
         assert!(snapshot["good"].client().is_some());
         let reason = |name: &str| snapshot[name].connection.as_ref().err().unwrap().clone();
@@ -545,20 +548,8 @@ mod tests {
             vec![member("east", SYSTEM_NAMESPACE)],
             vec![secret("member-east", "1", Some(TOKEN_KUBECONFIG))],
         );
-        let first = rebuild(
-            &members,
-            &secrets,
-            &HashMap::new(),
-            &crate::leader::Leadership::always(),
-        )
-        .await;
-        let again = rebuild(
-            &members,
-            &secrets,
-            &first,
-            &crate::leader::Leadership::always(),
-        )
-        .await;
+        let first = rebuild_always(&members, &secrets, &HashMap::new()).await;
+        let again = rebuild_always(&members, &secrets, &first).await;
         let version = |s: &HashMap<String, MemberHandle>| {
             s["east"]
                 .connection
@@ -573,13 +564,7 @@ mod tests {
             vec![member("east", SYSTEM_NAMESPACE)],
             vec![secret("member-east", "2", Some(TOKEN_KUBECONFIG))],
         );
-        let rotated = rebuild(
-            &members,
-            &secrets,
-            &again,
-            &crate::leader::Leadership::always(),
-        )
-        .await;
+        let rotated = rebuild_always(&members, &secrets, &again).await;
         assert_eq!(version(&rotated), "u1/2/insecure-allowed");
     }
 
