@@ -723,17 +723,7 @@ async fn three_copies_scaled_to_one_right_after_the_fence_are_all_kept() -> Resu
         scale(&federation, kind, 1).await?;
     }
     for kind in kinds {
-        let binding = federation
-            .wait_binding(
-                &kind.binding(),
-                "Propagated=False(WaitingForPartition)",
-                Duration::from_secs(30),
-                |b| {
-                    (has_reason(b, "Propagated", "False", "WaitingForPartition") && total(b) == 1)
-                        .then(|| b.clone())
-                },
-            )
-            .await?;
+        let binding = wait_scaled_to_one_waiting(&federation, kind).await?;
         assert_eq!(binding_replicas(&binding), pairs(&[("east", 1)]));
     }
     let detected = wait_member_ready(&federation, "east", false, cut).await?;
@@ -744,14 +734,7 @@ async fn three_copies_scaled_to_one_right_after_the_fence_are_all_kept() -> Resu
     partition.heal()?;
     let healed = Instant::now();
     for kind in kinds {
-        federation
-            .wait_binding(
-                &kind.binding(),
-                "Propagated=True with 1 replica",
-                Duration::from_secs(60),
-                |b| (binding_condition_true(b, "Propagated") && total(b) == 1).then(|| b.clone()),
-            )
-            .await?;
+        wait_scaled_to_one_done(&federation, kind).await?;
         for removed in ["north", "west"] {
             wait_removed(&federation, removed, kind).await?;
             // Both templates' claims are in the namespace; only the database's are
@@ -940,17 +923,7 @@ async fn partition_scale_down_keeps_everything(
 
     let scaled = Instant::now();
     scale(federation, kind, 1).await?;
-    let binding = federation
-        .wait_binding(
-            &kind.binding(),
-            "Propagated=False(WaitingForPartition)",
-            Duration::from_secs(30),
-            |b| {
-                (has_reason(b, "Propagated", "False", "WaitingForPartition") && total(b) == 1)
-                    .then(|| b.clone())
-            },
-        )
-        .await?;
+    let binding = wait_scaled_to_one_waiting(federation, kind).await?;
     let waiting = scaled.elapsed();
     eprintln!("waiting: {}", describe_binding(&binding));
     assert_eq!(
@@ -978,14 +951,7 @@ async fn partition_scale_down_keeps_everything(
     // Heal: the change completes, make-before-break.
     partition.heal()?;
     let healed = Instant::now();
-    let binding = federation
-        .wait_binding(
-            &kind.binding(),
-            "Propagated=True with 1 replica",
-            Duration::from_secs(60),
-            |b| (binding_condition_true(b, "Propagated") && total(b) == 1).then(|| b.clone()),
-        )
-        .await?;
+    let binding = wait_scaled_to_one_done(federation, kind).await?;
     let kept = only_target(&binding)?;
     let removed = other(&kept);
     assert_eq!(removed, dropped, "{}", describe_binding(&binding));
@@ -1050,6 +1016,37 @@ async fn partition_scale_down_keeps_everything(
         before[removed].claims.len(),
     );
     Ok(())
+}
+
+/// The binding of `kind`'s template holds 1 replica and says the change waits for the
+/// partition (`Propagated=False, reason=WaitingForPartition`).
+async fn wait_scaled_to_one_waiting(
+    federation: &Federation,
+    kind: Kind,
+) -> Result<ResourceBinding> {
+    federation
+        .wait_binding(
+            &kind.binding(),
+            "Propagated=False(WaitingForPartition)",
+            Duration::from_secs(30),
+            |b| {
+                (has_reason(b, "Propagated", "False", "WaitingForPartition") && total(b) == 1)
+                    .then(|| b.clone())
+            },
+        )
+        .await
+}
+
+/// The binding of `kind`'s template holds 1 replica and says it is propagated.
+async fn wait_scaled_to_one_done(federation: &Federation, kind: Kind) -> Result<ResourceBinding> {
+    federation
+        .wait_binding(
+            &kind.binding(),
+            "Propagated=True with 1 replica",
+            Duration::from_secs(60),
+            |b| (binding_condition_true(b, "Propagated") && total(b) == 1).then(|| b.clone()),
+        )
+        .await
 }
 
 /// The binding still says the change waits for the partition (`when`: for the message).
