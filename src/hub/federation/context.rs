@@ -349,8 +349,10 @@ pub(super) struct Context {
     /// What placement knew of the members when last asked ([`Context::views`]).
     pub views: Mutex<Option<ViewsBuilt>>,
     /// Templates the current resync pass has yet to apply again (every copy, whatever
-    /// the hub believes it holds); taken by their next reconcile.
-    pub resync: Mutex<std::collections::HashSet<ObjectKey>>,
+    /// the hub believes it holds), with the clusters where it already did; taken by the
+    /// first reconcile that applies every placed copy (a member being listed or
+    /// unreachable keeps the mark for its own copy).
+    pub resync: Mutex<HashMap<ObjectKey, Vec<String>>>,
 }
 
 /// What placement knows of every member, sorted by name, with each staticWeightList it

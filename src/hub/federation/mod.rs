@@ -825,7 +825,7 @@ async fn resync(context: Arc<Context>, interval: Duration, shutdown: Cancellatio
         {
             let mut marked = context.resync.lock().unwrap_or_else(|p| p.into_inner());
             marked.clear();
-            marked.extend(keys.iter().cloned());
+            marked.extend(keys.iter().map(|key| (key.clone(), vec![])));
         }
         for (i, key) in keys.into_iter().enumerate() {
             context.queue.add_after(key, step * i as u32);

@@ -82,10 +82,11 @@ pub struct PlanInput<'a> {
     /// The override policies of the template, applied to each cluster's copy (None: no
     /// overrides).
     pub overrides: Option<&'a TemplateOverrides<'a>>,
-    /// A resync pass: every placed copy is applied again, even one whose applied-hash
-    /// says it holds what the hub would apply (someone may have changed it since, in a
-    /// way the hub's summary does not show).
-    pub resync: bool,
+    /// A resync pass is on for this template, and these clusters' copies were applied
+    /// again in it already: every other placed copy is applied again, even one whose
+    /// applied-hash says it holds what the hub would apply (someone may have changed it
+    /// since, in a way the hub's summary does not show). None: no pass.
+    pub resync: Option<&'a [String]>,
 }
 
 /// Server-side apply of a copy to a member.
@@ -100,6 +101,9 @@ pub struct Apply {
     /// which the writer must find trusted right before it sends the request. Empty for
     /// every other apply.
     pub guard: Vec<String>,
+    /// Applied by the resync pass (it is applied whatever the hub believes the copy
+    /// holds, however recently it was written).
+    pub resync: bool,
 }
 
 /// Deletion of a managed copy, guarded by its UID.
@@ -137,6 +141,10 @@ pub struct Plan {
     /// Placed clusters where an override failed: nothing is applied there (the existing
     /// copy, if any, stays as it is). The message says which policy, rule and path.
     pub override_failures: BTreeMap<String, String>,
+    /// Placed clusters whose copy was not built at all: unreachable, or its copies not
+    /// listed yet. A resync pass is not over while one is left (the copy there is
+    /// applied again once it can be).
+    pub deferred: Vec<String>,
 }
 
 /// `spec.replicas` of a copy.
@@ -212,16 +220,18 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                         held.push(cluster.clone());
                     }
                     plan.notes.insert(
-                        cluster,
+                        cluster.clone(),
                         "cluster unreachable; the copy is applied when it returns".into(),
                     );
+                    plan.deferred.push(cluster);
                     continue;
                 }
                 if !member.synced {
                     plan.notes.insert(
-                        cluster,
+                        cluster.clone(),
                         "listing the cluster's copies; applied once they are known".into(),
                     );
+                    plan.deferred.push(cluster);
                     continue;
                 }
                 let mut replicas = t.replicas;
@@ -269,7 +279,10 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                         }
                     },
                 };
-                if !input.resync && member.copy.is_some_and(|copy| copy_matches(&desired, copy)) {
+                let resync = input
+                    .resync
+                    .is_some_and(|done| !done.iter().any(|c| c == member.cluster));
+                if !resync && member.copy.is_some_and(|copy| copy_matches(&desired, copy)) {
                     continue;
                 }
                 let shrinks = input.interpretation.divisible()
@@ -279,6 +292,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                     object: desired,
                     check_conflict: member.copy.is_none(),
                     guard: if shrinks { guard.clone() } else { vec![] },
+                    resync,
                 });
             }
             None => {
@@ -582,7 +596,7 @@ mod tests {
             members,
             pending: &[],
             overrides: None,
-            resync: false,
+            resync: None,
         }
     }
 
@@ -934,7 +948,7 @@ mod tests {
             members,
             pending: &[],
             overrides: None,
-            resync: false,
+            resync: None,
         }
     }
 
@@ -1022,10 +1036,50 @@ mod tests {
         let quiet = plan(&input(&template, &targets, &members));
         assert!(quiet.applies.is_empty(), "{:?}", quiet.applies);
         let mut pass = input(&template, &targets, &members);
-        pass.resync = true;
+        pass.resync = Some(&[]);
         let again = plan(&pass);
         assert_eq!(again.applies.len(), 1);
         assert!(!again.applies[0].check_conflict);
+        assert!(again.applies[0].resync);
+        assert!(again.deferred.is_empty(), "the pass is over for it");
+    }
+
+    /// A resync pass that meets a member whose copies are being listed again (the
+    /// periodic relist runs at the same interval) or that is unreachable is not over: it
+    /// names that cluster, and a later plan of the same pass applies only there.
+    #[test]
+    fn a_resync_pass_waits_for_a_member_being_listed_and_applies_each_copy_once() {
+        let template = template(2);
+        let targets = targets(&[("east", 1), ("west", 1)]);
+        let wanted = copy_of(&template, "shop.web", Some(1));
+        let mut held = copy(1, 1, "e");
+        held.metadata.annotations =
+            serde_json::from_value(wanted["metadata"]["annotations"].clone()).ok();
+        let listing = MemberCopy {
+            synced: false,
+            ..member("west", Some(&held))
+        };
+        let members = [member("east", Some(&held)), listing];
+        let mut first = input(&template, &targets, &members);
+        first.resync = Some(&[]);
+        let first = plan(&first);
+        let applied: Vec<_> = first.applies.iter().map(|a| a.cluster.as_str()).collect();
+        assert_eq!(applied, ["east"]);
+        assert_eq!(first.deferred, ["west"]);
+
+        let members = [member("east", Some(&held)), member("west", Some(&held))];
+        let done = ["east".to_string()];
+        let mut second = input(&template, &targets, &members);
+        second.resync = Some(&done);
+        let second = plan(&second);
+        let applied: Vec<_> = second.applies.iter().map(|a| a.cluster.as_str()).collect();
+        assert_eq!(applied, ["west"], "east was applied in this pass already");
+        assert!(second.deferred.is_empty());
+
+        let members = [unreachable("east", Some(&held)), member("west", Some(&held))];
+        let mut cut = input(&template, &targets, &members);
+        cut.resync = Some(&[]);
+        assert_eq!(plan(&cut).deferred, ["east"]);
     }
 
     /// A member that refuses to list the kind to the hub (its role lost the permission,
@@ -1376,7 +1430,7 @@ mod tests {
             members: &members,
             pending: &[],
             overrides: None,
-            resync: false,
+            resync: None,
         });
         assert_eq!(plan.applies.len(), 2);
         assert_eq!(plan.applies[0].object["data"]["k"], "v");

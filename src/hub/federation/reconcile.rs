@@ -202,12 +202,16 @@ fn plan(
             doubt: doubt.as_deref(),
         })
         .collect();
-    let resync = !deleting
-        && context
+    let resync = if deleting {
+        None
+    } else {
+        context
             .resync
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(key);
+            .get(key)
+            .cloned()
+    };
     let plan = propagation::plan(&PlanInput {
         template: &template_value,
         binding: &label,
@@ -218,9 +222,25 @@ fn plan(
         members: &copies,
         pending,
         overrides,
-        resync,
+        resync: resync.as_deref(),
     });
     drop(copies);
+    // The pass is over for this template once every placed copy was built: one in a
+    // member whose copies are being listed again (the periodic relist runs at the same
+    // interval) or that is unreachable gets it when the member is back.
+    if resync.is_some() {
+        let mut marked = context.resync.lock().unwrap_or_else(|p| p.into_inner());
+        if plan.deferred.is_empty() {
+            marked.remove(key);
+        } else if let Some(done) = marked.get_mut(key) {
+            done.extend(
+                plan.applies
+                    .iter()
+                    .filter(|a| a.resync)
+                    .map(|a| a.cluster.clone()),
+            );
+        }
+    }
     Planned {
         members: std::mem::take(&mut members),
         plan,
@@ -243,11 +263,16 @@ fn hand_off(
             .applies
             .iter()
             .find(|a| a.cluster == member.cluster)
-            .map(|a| CopyOp::Apply {
-                object: a.object.clone(),
-                check_conflict: a.check_conflict,
-                resolution,
-                guard: a.guard.clone(),
+            .map(|a| {
+                (
+                    CopyOp::Apply {
+                        object: a.object.clone(),
+                        check_conflict: a.check_conflict,
+                        resolution,
+                        guard: a.guard.clone(),
+                    },
+                    a.resync,
+                )
             })
             .or_else(|| {
                 planned
@@ -255,17 +280,34 @@ fn hand_off(
                     .deletes
                     .iter()
                     .find(|d| d.cluster == member.cluster)
-                    .map(|d| CopyOp::Delete {
-                        uid: d.uid.clone(),
-                        template_deleted: d.template_deleted,
-                        guard: d.guard.clone(),
+                    .map(|d| {
+                        (
+                            CopyOp::Delete {
+                                uid: d.uid.clone(),
+                                template_deleted: d.template_deleted,
+                                guard: d.guard.clone(),
+                            },
+                            false,
+                        )
                     })
             });
+        let (op, resync) = match op {
+            Some((op, resync)) => (Some(op), resync),
+            None => (None, false),
+        };
         match &op {
             Some(op) => {
+                // A copy written a moment ago may have been changed in the member since
+                // (a ConfigMap's data has no generation to show it): the resync writes
+                // it anyway, once per pass.
+                let again_after = if resync {
+                    Duration::ZERO
+                } else {
+                    REWRITE_AFTER
+                };
                 context
                     .writers
-                    .want(&member.cluster, key, op.clone(), REWRITE_AFTER);
+                    .want(&member.cluster, key, op.clone(), again_after);
             }
             None => context.writers.forget(&member.cluster, key),
         }

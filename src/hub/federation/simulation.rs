@@ -273,7 +273,7 @@ impl World {
             members: &members,
             pending: &self.pending,
             overrides: None,
-            resync: false,
+            resync: None,
         })
     }
 
