@@ -1076,7 +1076,10 @@ mod tests {
         assert_eq!(applied, ["west"], "east was applied in this pass already");
         assert!(second.deferred.is_empty());
 
-        let members = [unreachable("east", Some(&held)), member("west", Some(&held))];
+        let members = [
+            unreachable("east", Some(&held)),
+            member("west", Some(&held)),
+        ];
         let mut cut = input(&template, &targets, &members);
         cut.resync = Some(&[]);
         assert_eq!(plan(&cut).deferred, ["east"]);
