@@ -38,6 +38,10 @@ pub const SHARD_INTERPRETER: &str = "chaos-shards";
 /// How long one operation may take before it is recorded as failed.
 const OPERATION_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// How long federating the new kind may take: the CRD is installed in every member,
+/// retried for up to two minutes each while one is down or cut off.
+const FEDERATE_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// One `bulkhead hub --leader-elect` replica the nemesis runs, kills, freezes and starts.
 struct HubReplica {
     identity: String,
@@ -441,10 +445,16 @@ impl<'a> Nemesis<'a> {
 
     /// Runs one operation and records how it went.
     pub async fn operate(&self, operation: &Operation) {
-        let outcome = match tokio::time::timeout(OPERATION_TIMEOUT, self.execute(operation)).await {
+        // Installing a kind takes as long as its slowest member (a user goes on until the
+        // CRD is in every member): its own retries bound it.
+        let timeout = match operation {
+            Operation::FederateShards => FEDERATE_TIMEOUT,
+            _ => OPERATION_TIMEOUT,
+        };
+        let outcome = match tokio::time::timeout(timeout, self.execute(operation)).await {
             Ok(Ok(outcome)) => outcome,
             Ok(Err(error)) => format!("FAILED: {error:#}"),
-            Err(_) => format!("FAILED: no answer within {OPERATION_TIMEOUT:?}"),
+            Err(_) => format!("FAILED: no answer within {timeout:?}"),
         };
         self.timeline.record(Event::Operation {
             description: operation.to_string(),
