@@ -18,6 +18,9 @@ pub struct AuditEvent {
     /// create, update, patch (server-side apply too), delete, deletecollection, ...
     pub verb: String,
     pub user: AuditUser,
+    /// The user the request acted as, when it impersonated one.
+    #[serde(default)]
+    pub impersonated_user: Option<AuditUser>,
     #[serde(default)]
     pub user_agent: Option<String>,
     #[serde(default)]
@@ -77,6 +80,22 @@ impl AuditEvent {
     /// Whether the request succeeded (2xx).
     pub fn succeeded(&self) -> bool {
         (200..300).contains(&self.code())
+    }
+
+    /// Who the request acted as: the impersonated user, or the one who sent it.
+    pub fn acting_user(&self) -> &str {
+        self.impersonated_user
+            .as_ref()
+            .map_or(&self.user.username, |u| &u.username)
+    }
+
+    /// `spec.replicas` of the object the write left (a Scale's for the scale
+    /// subresource), when the response is logged.
+    pub fn returned_replicas(&self) -> Option<i64> {
+        self.response_object
+            .as_ref()?
+            .pointer("/spec/replicas")?
+            .as_i64()
     }
 
     /// `spec.replicas` in the request body (an apply or merge patch that sets it).

@@ -183,10 +183,16 @@ pub async fn run(settings: &Settings) -> Result<Outcome> {
     let hubs = HubReplicas::start(&federation.lab, replicas, running_hub)?;
     timeline.record(Event::HubStarted { identity: second });
 
+    // A person's edits of member copies go through in-zone clients of their own user,
+    // which the members audit (the checker tells them from the hub's writes).
+    let mut editors = std::collections::BTreeMap::new();
+    for name in federation.members.keys() {
+        editors.insert(name.clone(), federation.lab.editor_client(name).await?);
+    }
     let nemesis = Nemesis::new(
         &federation.lab,
         federation.hub.clone(),
-        &federation.members,
+        &editors,
         &federation.namespace,
         &timeline,
         hubs,
@@ -340,6 +346,7 @@ async fn drive(
     }
     let rule_settings = RuleSettings {
         hub_user: HUB_USER_IN_MEMBERS.to_string(),
+        editor_user: crate::lab::MEMBER_EDITOR_USER.to_string(),
         namespace: federation.namespace.clone(),
         grace: settings.grace,
     };

@@ -251,7 +251,8 @@ struct TemplateState {
 pub struct Nemesis<'a> {
     pub lab: &'a Lab,
     pub hub: Client,
-    /// In-zone clients of the members (they work while a member is cut off).
+    /// In-zone clients of the members (they work while a member is cut off), acting as
+    /// a person editing copies there ([`crate::lab::MEMBER_EDITOR_USER`]).
     pub members: &'a BTreeMap<String, Client>,
     pub namespace: String,
     pub timeline: &'a Timeline,

@@ -187,6 +187,9 @@ impl fmt::Display for TemplateRef {
 pub struct RuleSettings {
     /// The hub's user name in the members.
     pub hub_user: String,
+    /// The user a person's `kubectl` edits of member copies act as (the nemesis's): their
+    /// scales and deletes change what a copy holds without the hub.
+    pub editor_user: String,
     /// The namespace the run's templates live in.
     pub namespace: String,
     /// How long a cluster may be under a fault before the hub must have suspected it.
@@ -255,7 +258,9 @@ pub fn check(
         let Some(object) = &event.object_ref else {
             continue;
         };
-        if event.user.username != settings.hub_user
+        let by_hub = event.acting_user() == settings.hub_user;
+        let by_editor = event.acting_user() == settings.editor_user;
+        if !(by_hub || by_editor)
             || event.stage != "ResponseComplete"
             || object.namespace != settings.namespace
             || !(object.subresource.is_empty() || object.subresource == "scale")
@@ -274,6 +279,32 @@ pub fn check(
             name: object.name.clone(),
         };
         let cluster = record.cluster.clone();
+        if by_editor {
+            // A person scaled or deleted the copy in the member: what the copy holds
+            // changed without the hub, so the hub's next write is judged against that.
+            if event.succeeded() {
+                let copy = (cluster.clone(), template.clone());
+                match event.verb.as_str() {
+                    "delete" | "deletecollection" => {
+                        if let Some(holders) = holding.get_mut(&template) {
+                            holders.remove(&cluster);
+                        }
+                        last_replicas.remove(&copy);
+                    }
+                    _ => {
+                        let replicas = event
+                            .returned_replicas()
+                            .or_else(|| event.requested_replicas());
+                        if let (Some(replicas), Some(last)) =
+                            (replicas, last_replicas.get_mut(&copy))
+                        {
+                            *last = replicas;
+                        }
+                    }
+                }
+            }
+            continue;
+        }
         let violation = |request: String, reason: String, faulted: Vec<String>| Violation {
             at,
             cluster: cluster.clone(),
@@ -388,10 +419,12 @@ mod tests {
 
     const HUB: &str = "system:serviceaccount:bulkhead-system:bulkhead-hub";
     const NAMESPACE: &str = "chaos";
+    const EDITOR: &str = "lab-member-editor";
 
     fn settings() -> RuleSettings {
         RuleSettings {
             hub_user: HUB.into(),
+            editor_user: EDITOR.into(),
             namespace: NAMESPACE.into(),
             grace: Duration::from_secs(2),
         }
@@ -588,6 +621,65 @@ mod tests {
         records.push(apply("west", 25.0, db, "db-1", 1));
         let verdict = run(&records, &faults);
         assert_eq!((verdict.shrinks, verdict.violations.len()), (1, 0));
+    }
+
+    /// A person's write in a member, as the lab audits it: through the scale subresource
+    /// (the Scale it returned holds `replicas`) or a delete.
+    fn person(cluster: &str, seconds: f64, name: &str, replicas: Option<i64>) -> AuditRecord {
+        let mut record = match replicas {
+            Some(r) => request(cluster, seconds, "patch", STS, name, Some(r), 200),
+            None => request(cluster, seconds, "delete", STS, name, None, 200),
+        };
+        let mut line: serde_json::Value = serde_json::from_str(&record.line).unwrap();
+        line["user"] = serde_json::json!({"username": "bulkhead-lab-admin"});
+        line["impersonatedUser"] = serde_json::json!({"username": EDITOR});
+        if let Some(r) = replicas {
+            line["objectRef"]["subresource"] = "scale".into();
+            line["responseObject"] = serde_json::json!({"kind": "Scale", "spec": {"replicas": r}});
+        }
+        record.line = line.to_string();
+        record.event = parse_line(&record.line).unwrap();
+        record
+    }
+
+    /// The hub keeps a frozen copy at what it holds: after a person scaled it from 4 to 3
+    /// in the member, the hub writing 3 is no decrease. A person's delete removes the copy
+    /// from the clusters holding one.
+    #[test]
+    fn a_persons_scale_or_delete_in_a_member_is_what_the_hub_is_judged_against() {
+        let faults = east_cut(10.0, 40.0);
+        let records = [
+            apply("east", 1.0, STS, "sts-3", 1),
+            apply("north", 1.0, STS, "sts-3", 4),
+            person("north", 20.0, "sts-3", Some(3)),
+            apply("north", 20.1, STS, "sts-3", 3),
+        ];
+        let verdict = run(&records, &faults);
+        assert_eq!(
+            (verdict.shrinks, verdict.violations.len()),
+            (0, 0),
+            "{verdict:?}"
+        );
+        // Without the person's scale, the same write is a shrink while east is cut off.
+        let verdict = run(
+            &[records[0].clone(), records[1].clone(), records[3].clone()],
+            &faults,
+        );
+        assert_eq!(verdict.violations.len(), 1, "{verdict:?}");
+
+        // East's copy deleted by a person: east no longer holds one.
+        let records = [
+            apply("east", 1.0, STS, "sts-3", 1),
+            apply("north", 1.0, STS, "sts-3", 4),
+            person("east", 5.0, "sts-3", None),
+            apply("north", 20.0, STS, "sts-3", 2),
+        ];
+        let verdict = run(&records, &faults);
+        assert_eq!(
+            (verdict.shrinks, verdict.violations.len()),
+            (1, 0),
+            "{verdict:?}"
+        );
     }
 
     #[test]

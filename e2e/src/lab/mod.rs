@@ -76,8 +76,25 @@ rules:
   - level: Metadata
     users: [\"system:serviceaccount:bulkhead-system:bulkhead-hub\"]
     verbs: [create, update, patch, delete, deletecollection]
+  - level: RequestResponse
+    users: [\"bulkhead-lab-admin\", \"lab-member-editor\"]
+    verbs: [create, update, patch, delete, deletecollection]
+    resources:
+      - group: apps
+        resources: [statefulsets, statefulsets/scale]
+      - group: example.com
+        resources: [mydatabases, mydatabases/scale]
+      - group: chaos.example.org
+        resources: [shards, shards/scale]
   - level: None
 ";
+
+/// The user a person editing a member's objects with `kubectl` is, in the lab
+/// ([`Lab::editor_client`]: the admin impersonating it): the members audit the admin's
+/// writes to the kinds that hold data (an audit policy matches the user who authenticated,
+/// not the one impersonated), and the event names the impersonated user, so a checker can
+/// tell a person's `kubectl scale` from the hub's writes and the agents'.
+pub const MEMBER_EDITOR_USER: &str = "lab-member-editor";
 
 /// Where a lab lives on the network: its port range and its external addresses. Two labs
 /// can run side by side (the demo's and the tests'), each with its own.
@@ -345,6 +362,19 @@ impl Lab {
     /// A client with the admin credentials through 127.0.0.1 (inside the zone).
     pub async fn inside_client(&self, name: &str) -> Result<Client> {
         client_from(&self.inside_kubeconfig(name)).await
+    }
+
+    /// A client through 127.0.0.1 (inside the zone) acting as [`MEMBER_EDITOR_USER`]: the
+    /// admin credentials impersonating that user in `system:masters`.
+    pub async fn editor_client(&self, name: &str) -> Result<Client> {
+        let path = self.inside_kubeconfig(name);
+        let kubeconfig =
+            Kubeconfig::read_from(&path).with_context(|| format!("reading {}", path.display()))?;
+        let mut config =
+            Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+        config.auth_info.impersonate = Some(MEMBER_EDITOR_USER.to_string());
+        config.auth_info.impersonate_groups = Some(vec!["system:masters".to_string()]);
+        client_with_timeouts(config)
     }
 
     /// True when a complete lab is running: every recorded process alive and every API
@@ -1101,8 +1131,13 @@ fn write_kubeconfig(path: &Path, cluster: &str, server: &str, pki: &pki::PkiPath
 pub async fn client_from(path: &Path) -> Result<Client> {
     let kubeconfig =
         Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
-    let mut config =
-        Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+    client_with_timeouts(config)
+}
+
+/// A client with short timeouts, so a partition shows up as a timeout within seconds
+/// rather than minutes.
+fn client_with_timeouts(mut config: Config) -> Result<Client> {
     config.connect_timeout = Some(Duration::from_secs(5));
     config.read_timeout = Some(Duration::from_secs(15));
     config.write_timeout = Some(Duration::from_secs(15));
