@@ -5,14 +5,15 @@ LAB := e2e/lab
 CHART := charts/bulkhead
 HELM = $(shell e2e/k8s/build.sh --print)/helm
 
-.PHONY: demo test lint fmt crds crd-check chart-lint unit e2e chaos lab-binaries lab-up lab-down build bench bench-lab
+.PHONY: demo test lint fmt crds crd-check chart-lint unit e2e chaos chaos-short lab-binaries lab-up lab-down build bench bench-lab
 
 ## demo: bring up the lab (hub + 3 members), install Bulkhead and show placement and health
 demo: lab-binaries
 	e2e/demo.sh
 
-## test: everything CI checks: formatting, clippy, CRD drift, unit tests, chart lint, e2e tests on the lab
-test: lint crd-check unit chart-lint e2e
+## test: everything CI checks: formatting, clippy, CRD drift, unit tests, chart lint, e2e tests on the
+## lab, and a short chaos run (CHAOS_TEST_SECONDS, default 120 s, a random seed it prints)
+test: lint crd-check unit chart-lint e2e chaos-short
 
 ## lint: rustfmt check and clippy with warnings as errors
 lint:
@@ -55,6 +56,12 @@ CHAOS_SECONDS ?= 180
 CHAOS_SEED ?=
 chaos: lab-binaries
 	CHAOS_SECONDS=$(CHAOS_SECONDS) CHAOS_SEED=$(CHAOS_SEED) e2e/run-chaos.sh
+
+## chaos-short: the chaos run `make test` makes: CHAOS_TEST_SECONDS (default 120) of faults, the seed
+## CHAOS_SEED when set, else a random one (printed with the command that reproduces it)
+CHAOS_TEST_SECONDS ?= 120
+chaos-short: lab-binaries
+	CHAOS_SECONDS=$(CHAOS_TEST_SECONDS) CHAOS_SEED=$(CHAOS_SEED) e2e/run-chaos.sh
 
 build:
 	$(CARGO) build --workspace
