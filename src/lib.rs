@@ -8,6 +8,7 @@ pub mod cli;
 pub mod client;
 pub mod error;
 pub mod hub;
+pub mod instance;
 pub mod leader;
 pub mod metrics;
 pub mod process;

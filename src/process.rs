@@ -156,7 +156,8 @@ impl Process {
     }
 }
 
-fn spawn_signal_handler(shutdown: CancellationToken) {
+/// Cancels `shutdown` on SIGTERM or Ctrl-C.
+pub fn spawn_signal_handler(shutdown: CancellationToken) {
     tokio::spawn(async move {
         let mut terminate =
             match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {

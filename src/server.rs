@@ -83,17 +83,7 @@ impl ProbeServer {
     /// Serves until `shutdown` is cancelled.
     pub async fn run(self, shutdown: CancellationToken) {
         let ProbeServer { listener, state } = self;
-        loop {
-            let (stream, _) = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                accepted = listener.accept() => match accepted {
-                    Ok(accepted) => accepted,
-                    Err(error) => {
-                        tracing::warn!(%error, "probe server: accept failed");
-                        continue;
-                    }
-                },
-            };
+        while let Some(stream) = next_connection(&listener, &shutdown, "probe server").await {
             let state = state.clone();
             let shutdown = shutdown.clone();
             tokio::spawn(async move {
@@ -108,6 +98,24 @@ impl ProbeServer {
                     _ = shutdown.cancelled() => {}
                 }
             });
+        }
+    }
+}
+
+/// The next accepted connection, or None once `shutdown` is cancelled. A failed accept
+/// is logged (`what` names the server) and the next one awaited.
+pub async fn next_connection(
+    listener: &TcpListener,
+    shutdown: &CancellationToken,
+    what: &str,
+) -> Option<tokio::net::TcpStream> {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => return Some(stream),
+                Err(error) => tracing::warn!(%error, "{what}: accept failed"),
+            },
         }
     }
 }

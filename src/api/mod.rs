@@ -4,6 +4,7 @@
 #![allow(clippy::duplicated_attributes)]
 
 pub mod condition;
+pub mod instance;
 pub mod member_cluster;
 pub mod mydatabase;
 pub mod mydatabase_v1alpha1;

@@ -53,6 +53,9 @@ pub enum Command {
     Unjoin(join::UnjoinOptions),
     /// Show federation state, e.g. `bulkhead get clusters`.
     Get(get::GetOptions),
+    /// Run one PostgreSQL instance in a database pod (the container's entrypoint): create
+    /// its data, supervise `postgres`, carry out the role the agent decides.
+    Instance(crate::instance::InstanceOptions),
 }
 
 /// Runs the parsed command.
@@ -67,6 +70,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Join(options) => join::join(&options).await?,
         Command::Unjoin(options) => join::unjoin(&options).await?,
         Command::Get(options) => get::run(&options).await?,
+        Command::Instance(options) => crate::instance::run(options).await?,
     }
     Ok(())
 }

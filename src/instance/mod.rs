@@ -1,0 +1,499 @@
+//! `bulkhead instance`: the database container's entrypoint. It creates the data directory
+//! (`initdb` for a primary, `pg_basebackup` from the primary for a standby), runs and
+//! supervises `postgres`, and carries out the role the agent decides, which the agent sends
+//! over the instance's HTTP API (`PUT /desired`, every few seconds). It reports the role,
+//! the WAL position and the term it has seen (`GET /status`).
+//!
+//! The instance decides nothing on its own but this: when the agent has not spoken for
+//! longer than `--agent-lease`, a primary demotes itself to a hot standby (the same clock
+//! rule as the agent's fence). It starts an existing data directory as a standby until
+//! the agent says otherwise, so a restarted old primary never takes a write first.
+
+pub mod postgres;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::process::Child;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::instance::{Desired, InstanceStatus, Role, Upstream};
+use crate::hub::parse_duration;
+use postgres::Server;
+
+/// How often the instance compares what runs with what the agent wants.
+const TICK: Duration = Duration::from_secs(1);
+
+/// Largest request body the API reads.
+const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// How long a request may take to send its headers.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct InstanceOptions {
+    /// The data directory.
+    #[arg(long, env = "PGDATA")]
+    pub pgdata: PathBuf,
+    /// PostgreSQL's programs (default: the newest /usr/lib/postgresql/<n>/bin).
+    #[arg(long)]
+    pub bin_dir: Option<PathBuf>,
+    /// The server's private Unix socket directory.
+    #[arg(long, default_value = "/run/bulkhead/postgresql")]
+    pub socket_dir: PathBuf,
+    /// PostgreSQL's `listen_addresses`.
+    #[arg(long, default_value = "*")]
+    pub listen_addresses: String,
+    /// PostgreSQL's port.
+    #[arg(long, default_value_t = 5432)]
+    pub port: u16,
+    /// The instance API (status for everyone, role changes for the agent's token).
+    #[arg(long, default_value = "0.0.0.0:8000")]
+    pub api_address: SocketAddr,
+    /// A directory with the files `superuser-password`, `replication-password` and
+    /// `token` (the database's Secret, mounted).
+    #[arg(long)]
+    pub secrets_dir: PathBuf,
+    /// A primary whose agent has not spoken for this long demotes itself.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub agent_lease: Duration,
+    /// Run PostgreSQL as this user (when the instance runs as root: the lab's host
+    /// processes; PostgreSQL refuses to run as root).
+    #[arg(long)]
+    pub run_as: Option<String>,
+    /// PostgreSQL's log (default: `postgres.log` next to the data directory).
+    #[arg(long)]
+    pub log_file: Option<PathBuf>,
+}
+
+/// What the API and the supervisor share.
+#[derive(Default)]
+struct State {
+    desired: Option<Desired>,
+    heard_at: Option<Instant>,
+    status: InstanceStatus,
+}
+
+/// The running instance manager.
+pub struct Instance {
+    server: Server,
+    log: PathBuf,
+    agent_lease: Duration,
+    token: String,
+    state: Mutex<State>,
+    changed: Notify,
+    /// The replication user exists with the Secret's password (checked once per process,
+    /// on the first primary it runs: each check is a write).
+    roles_ensured: std::sync::atomic::AtomicBool,
+}
+
+/// Runs the instance manager until SIGTERM (then stops PostgreSQL with a fast shutdown).
+pub async fn run(options: InstanceOptions) -> Result<()> {
+    let instance = Arc::new(Instance::new(&options)?);
+    let listener = tokio::net::TcpListener::bind(options.api_address)
+        .await
+        .with_context(|| format!("binding {}", options.api_address))?;
+    let shutdown = CancellationToken::new();
+    crate::process::spawn_signal_handler(shutdown.clone());
+    tracing::info!(api = %listener.local_addr()?, data = %options.pgdata.display(), "instance manager started");
+    let api = tokio::spawn(serve(instance.clone(), listener, shutdown.clone()));
+    instance.supervise(shutdown).await;
+    api.abort();
+    Ok(())
+}
+
+fn read_secret(dir: &std::path::Path, name: &str) -> Result<String> {
+    let path = dir.join(name);
+    Ok(std::fs::read_to_string(&path)
+        .with_context(|| {
+            format!(
+                "reading {} (the database's Secret, key {name})",
+                path.display()
+            )
+        })?
+        .trim()
+        .to_string())
+}
+
+/// The uid and gid of a user by name.
+fn user_ids(name: &str) -> Result<(u32, u32)> {
+    let c_name = std::ffi::CString::new(name)?;
+    // SAFETY: getpwnam returns a pointer into static storage or null; read at once.
+    let entry = unsafe { libc::getpwnam(c_name.as_ptr()) };
+    if entry.is_null() {
+        anyhow::bail!("--run-as {name}: no such user");
+    }
+    let entry = unsafe { &*entry };
+    Ok((entry.pw_uid, entry.pw_gid))
+}
+
+impl Instance {
+    pub fn new(options: &InstanceOptions) -> Result<Self> {
+        let bin_dir = match &options.bin_dir {
+            Some(dir) => dir.clone(),
+            None => postgres::find_bin_dir().context(
+                "no PostgreSQL programs under /usr/lib/postgresql/<n>/bin; install PostgreSQL or pass --bin-dir",
+            )?,
+        };
+        let owner = options.run_as.as_deref().map(user_ids).transpose()?;
+        let server = Server {
+            bin_dir,
+            data_dir: options.pgdata.clone(),
+            socket_dir: options.socket_dir.clone(),
+            listen: options.listen_addresses.clone(),
+            port: options.port,
+            owner,
+            superuser_password: read_secret(&options.secrets_dir, "superuser-password")?,
+            replication_password: read_secret(&options.secrets_dir, "replication-password")?,
+        };
+        let log = options.log_file.clone().unwrap_or_else(|| {
+            options
+                .pgdata
+                .parent()
+                .unwrap_or(&options.pgdata)
+                .join("postgres.log")
+        });
+        let term = server.term();
+        Ok(Instance {
+            server,
+            log,
+            agent_lease: options.agent_lease,
+            token: read_secret(&options.secrets_dir, "token")?,
+            state: Mutex::new(State {
+                status: InstanceStatus {
+                    term,
+                    message: "waiting for the agent".into(),
+                    ..Default::default()
+                },
+                ..Default::default()
+            }),
+            changed: Notify::new(),
+            roles_ensured: Default::default(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The status as last observed.
+    pub fn status(&self) -> InstanceStatus {
+        self.lock().status.clone()
+    }
+
+    /// The agent's word. Refused when its term is lower than one the instance has seen.
+    pub fn set_desired(&self, desired: Desired) -> std::result::Result<InstanceStatus, String> {
+        let mut state = self.lock();
+        if desired.term < state.status.term {
+            return Err(format!(
+                "term {} is older than term {} this instance has seen; nothing changed",
+                desired.term, state.status.term
+            ));
+        }
+        if desired.term > state.status.term {
+            if self.server.initialized()
+                && let Err(error) = self.server.record_term(desired.term)
+            {
+                return Err(format!("cannot record term {}: {error:#}", desired.term));
+            }
+            state.status.term = desired.term;
+        }
+        if state.desired.as_ref() != Some(&desired) {
+            tracing::info!(role = %desired.role, term = desired.term, reason = %desired.reason, "the agent's word");
+        }
+        state.desired = Some(desired);
+        state.heard_at = Some(Instant::now());
+        let status = state.status.clone();
+        drop(state);
+        self.changed.notify_one();
+        Ok(status)
+    }
+
+    /// The role to run now, and where a standby streams from: the agent's, or a standby
+    /// once the agent has been silent past the lease. None before the agent ever spoke.
+    fn effective(&self) -> Option<(Role, Option<Upstream>, bool)> {
+        let state = self.lock();
+        let desired = state.desired.as_ref()?;
+        let fresh = state
+            .heard_at
+            .is_some_and(|at| at.elapsed() < self.agent_lease);
+        let role = if fresh { desired.role } else { Role::Standby };
+        Some((role, desired.upstream.clone(), !fresh))
+    }
+
+    fn report(&self, change: impl FnOnce(&mut InstanceStatus)) {
+        change(&mut self.lock().status);
+    }
+
+    /// Keeps PostgreSQL in the role the agent wants until `shutdown`.
+    pub async fn supervise(&self, shutdown: CancellationToken) {
+        let mut child: Option<Child> = None;
+        let mut running_as: Option<(Role, Option<Upstream>)> = None;
+        loop {
+            if let Err(error) = self.step(&mut child, &mut running_as).await {
+                tracing::warn!(error = %format!("{error:#}"), "instance");
+                self.report(|s| s.message = format!("{error:#}"));
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = self.changed.notified() => {}
+                _ = tokio::time::sleep(TICK) => {}
+            }
+        }
+        if let Some(mut child) = child {
+            let _ = Server::stop(&mut child, Duration::from_secs(30)).await;
+        }
+    }
+
+    async fn step(
+        &self,
+        child: &mut Option<Child>,
+        running_as: &mut Option<(Role, Option<Upstream>)>,
+    ) -> Result<()> {
+        let effective = self.effective();
+        let lost = effective.as_ref().is_some_and(|(_, _, lost)| *lost);
+        self.report(|s| s.agent_lost = lost);
+        if !self.server.initialized() {
+            match &effective {
+                Some((Role::Primary, _, false)) => {
+                    self.report(|s| s.message = "initdb: a new database".into());
+                    self.server.initdb().await?;
+                }
+                Some((Role::Standby, Some(upstream), _)) => {
+                    self.report(|s| {
+                        s.message = format!(
+                            "copying the primary's data from {}:{} (pg_basebackup)",
+                            upstream.host, upstream.port
+                        )
+                    });
+                    self.server.base_backup(upstream).await?;
+                }
+                _ => {
+                    self.report(|s| {
+                        s.message =
+                            "no data yet: waiting for the agent to name this instance's role".into()
+                    });
+                    return Ok(());
+                }
+            }
+            let term = self.lock().status.term;
+            self.server.record_term(term)?;
+        }
+        // Until the agent speaks, an existing data directory runs as a standby.
+        let (role, upstream) = match &effective {
+            Some((role, upstream, _)) => (*role, upstream.clone()),
+            None => (Role::Standby, None),
+        };
+        let exited = match child.as_mut() {
+            None => true,
+            Some(c) => c.try_wait()?.is_some(),
+        };
+        if exited {
+            if child.is_some() {
+                tracing::warn!("postgres exited; starting it again");
+            }
+            self.server.prepare_dirs()?;
+            self.server.configure(role, upstream.as_ref())?;
+            *child = Some(self.server.start(&self.log)?);
+            *running_as = Some((role, upstream.clone()));
+            self.report(|s| {
+                s.ready = false;
+                s.message = format!("starting postgres as {role}");
+            });
+            return Ok(());
+        }
+        let client = match self.server.connect().await {
+            Ok(client) => client,
+            Err(error) => {
+                self.report(|s| {
+                    s.ready = false;
+                    s.message = format!("postgres does not answer yet: {error:#}");
+                });
+                return Ok(());
+            }
+        };
+        let observed = Server::observe(&client).await?;
+        if observed.role == Role::Primary
+            && !self
+                .roles_ensured
+                .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            self.server.ensure_roles(&client).await?;
+            self.roles_ensured
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        match (role, observed.role) {
+            (Role::Primary, Role::Standby) => {
+                tracing::info!("promoting (pg_promote)");
+                self.report(|s| s.message = "promoting".into());
+                Server::promote(&client).await?;
+                *running_as = Some((Role::Primary, None));
+            }
+            (Role::Standby, Role::Primary) => {
+                let why = if lost {
+                    "the agent has been silent past the lease"
+                } else {
+                    "the agent demotes it"
+                };
+                tracing::warn!(
+                    reason = why,
+                    "demoting to a hot standby (fast shutdown, restart in recovery)"
+                );
+                self.report(|s| {
+                    s.ready = false;
+                    s.message = format!("demoting: {why}");
+                });
+                drop(client);
+                if let Some(mut running) = child.take() {
+                    Server::stop(&mut running, Duration::from_secs(30)).await?;
+                }
+                self.server.configure(Role::Standby, upstream.as_ref())?;
+                *child = Some(self.server.start(&self.log)?);
+                *running_as = Some((Role::Standby, upstream));
+                return Ok(());
+            }
+            (Role::Standby, Role::Standby)
+                if running_as.as_ref().map(|(_, u)| u) != Some(&upstream) =>
+            {
+                // A new primary to follow: primary_conninfo reloads without a restart.
+                self.server.configure(Role::Standby, upstream.as_ref())?;
+                client.batch_execute("SELECT pg_reload_conf()").await?;
+                *running_as = Some((Role::Standby, upstream));
+            }
+            _ => {}
+        }
+        let observed = Server::observe(&client).await?;
+        self.report(|s| {
+            s.role = Some(observed.role);
+            s.ready = true;
+            s.lsn = observed.lsn.clone();
+            s.timeline = observed.timeline;
+            s.message = match (observed.role, lost) {
+                (Role::Standby, true) => {
+                    "a hot standby: the agent has been silent past the lease".into()
+                }
+                (role, _) => format!("running as {role}"),
+            };
+        });
+        Ok(())
+    }
+}
+
+/// Serves the instance API until `shutdown`.
+async fn serve(
+    instance: Arc<Instance>,
+    listener: tokio::net::TcpListener,
+    shutdown: CancellationToken,
+) {
+    while let Some(stream) =
+        crate::server::next_connection(&listener, &shutdown, "instance API").await
+    {
+        let instance = instance.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request| {
+                let instance = instance.clone();
+                async move { Ok::<_, std::convert::Infallible>(respond(&instance, request).await) }
+            });
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT);
+            let _ = builder
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+async fn respond(
+    instance: &Instance,
+    request: Request<hyper::body::Incoming>,
+) -> Response<Full<Bytes>> {
+    match (request.method(), request.uri().path()) {
+        (&Method::GET, "/healthz") => reply(StatusCode::OK, "ok\n".into()),
+        (&Method::GET, "/readyz") => {
+            let status = instance.status();
+            if status.ready {
+                reply(StatusCode::OK, "ok\n".into())
+            } else {
+                reply(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("not ready: {}\n", status.message),
+                )
+            }
+        }
+        (&Method::GET, "/status") => json(StatusCode::OK, &instance.status()),
+        (&Method::PUT, "/desired") => {
+            let authorized = request
+                .headers()
+                .get(crate::api::instance::TOKEN_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .is_some_and(|token| constant_time_eq(token.as_bytes(), instance.token.as_bytes()));
+            if !authorized {
+                return reply(
+                    StatusCode::UNAUTHORIZED,
+                    "a role change needs the agent's token (Authorization: Bearer ...)\n".into(),
+                );
+            }
+            let body = match Limited::new(request.into_body(), MAX_BODY_BYTES)
+                .collect()
+                .await
+            {
+                Ok(body) => body.to_bytes(),
+                Err(error) => {
+                    return reply(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        format!("cannot read the body (at most {MAX_BODY_BYTES} bytes): {error}\n"),
+                    );
+                }
+            };
+            let desired: Desired = match serde_json::from_slice(&body) {
+                Ok(desired) => desired,
+                Err(error) => {
+                    return reply(
+                        StatusCode::BAD_REQUEST,
+                        format!(
+                            "the body is not a desired state ({{\"role\": \"primary\"|\"standby\", \"term\": N, \"upstream\": {{\"host\", \"port\"}}}}): {error}\n"
+                        ),
+                    );
+                }
+            };
+            match instance.set_desired(desired) {
+                Ok(status) => json(StatusCode::OK, &status),
+                Err(message) => reply(StatusCode::CONFLICT, format!("{message}\n")),
+            }
+        }
+        _ => reply(
+            StatusCode::NOT_FOUND,
+            "not found; try GET /status, /healthz, /readyz or PUT /desired\n".into(),
+        ),
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn reply(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+}
+
+fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Response<Full<Bytes>> {
+    let mut response = reply(status, serde_json::to_string(value).unwrap_or_default());
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    response
+}

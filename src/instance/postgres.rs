@@ -1,0 +1,387 @@
+//! One PostgreSQL server, driven by its own programs: `initdb`, `pg_basebackup`, the
+//! `postgres` process itself, and SQL over the local socket (`pg_promote`, positions).
+//!
+//! Bulkhead's settings live in `bulkhead.conf` in the data directory, which
+//! `postgresql.conf` includes; the instance rewrites it for its role (a standby's
+//! `primary_conninfo`), so a base backup that copied the primary's is corrected at once.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use tokio::process::{Child, Command};
+
+use crate::api::instance::{Role, Upstream};
+
+/// The role PostgreSQL replication connections log in as.
+pub const REPLICATION_USER: &str = "streaming_replica";
+
+/// The superuser `initdb` creates.
+pub const SUPERUSER: &str = "postgres";
+
+/// File in the data directory holding the highest term the instance has seen.
+const TERM_FILE: &str = "bulkhead-term";
+
+/// Where a server's files are, and who runs it.
+#[derive(Clone, Debug)]
+pub struct Server {
+    /// PostgreSQL's programs (`initdb`, `postgres`, `pg_basebackup`).
+    pub bin_dir: PathBuf,
+    /// PGDATA.
+    pub data_dir: PathBuf,
+    /// The server's Unix socket directory (private: the instance connects there as the
+    /// superuser without a password).
+    pub socket_dir: PathBuf,
+    /// `listen_addresses`.
+    pub listen: String,
+    pub port: u16,
+    /// The user and group the server runs as when the instance runs as root (PostgreSQL
+    /// refuses to run as root): the lab runs database pods as host processes.
+    pub owner: Option<(u32, u32)>,
+    /// The superuser's password (network logins), and the replication user's.
+    pub superuser_password: String,
+    pub replication_password: String,
+}
+
+/// What the server says about itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observed {
+    pub role: Role,
+    pub lsn: Option<String>,
+    pub timeline: Option<u32>,
+}
+
+impl Server {
+    fn program(&self, name: &str) -> Command {
+        let mut command = Command::new(self.bin_dir.join(name));
+        if let Some((uid, gid)) = self.owner {
+            command.uid(uid).gid(gid);
+        }
+        command.env_remove("PGDATA").kill_on_drop(true);
+        command
+    }
+
+    /// Whether the data directory holds a database cluster.
+    pub fn initialized(&self) -> bool {
+        self.data_dir.join("PG_VERSION").is_file()
+    }
+
+    /// Creates the data directory's parent structure and the socket directory, owned by
+    /// the server's user, private.
+    pub fn prepare_dirs(&self) -> Result<()> {
+        for dir in [&self.data_dir, &self.socket_dir] {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                .with_context(|| format!("making {} private", dir.display()))?;
+            if let Some((uid, gid)) = self.owner {
+                std::os::unix::fs::chown(dir, Some(uid), Some(gid))
+                    .with_context(|| format!("giving {} to uid {uid}", dir.display()))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A file only the server's user can read (a password for `initdb`).
+    fn private_file(&self, name: &str, text: &str) -> Result<PathBuf> {
+        let path = self.socket_dir.join(name);
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+        if let Some((uid, gid)) = self.owner {
+            std::os::unix::fs::chown(&path, Some(uid), Some(gid))?;
+        }
+        Ok(path)
+    }
+
+    /// `initdb`: a new database cluster, the first primary's.
+    pub async fn initdb(&self) -> Result<()> {
+        self.prepare_dirs()?;
+        let password = self.private_file(".superuser-password", &self.superuser_password)?;
+        let output = self
+            .program("initdb")
+            .arg("--pgdata")
+            .arg(&self.data_dir)
+            .args(["--username", SUPERUSER, "--auth-local=trust"])
+            .args([
+                "--auth-host=scram-sha-256",
+                "--encoding=UTF8",
+                "--no-instructions",
+            ])
+            .arg("--pwfile")
+            .arg(&password)
+            .output()
+            .await
+            .context("running initdb")?;
+        let _ = std::fs::remove_file(&password);
+        if !output.status.success() {
+            bail!(
+                "initdb failed: {}",
+                String::from_utf8_lossy(&output.stderr).trim()
+            );
+        }
+        self.write_base_config()
+    }
+
+    /// A libpq passfile with the replication user's password, private to the server's
+    /// user.
+    fn passfile(&self) -> Result<PathBuf> {
+        let escaped = self
+            .replication_password
+            .replace('\\', "\\\\")
+            .replace(':', "\\:");
+        self.private_file(".pgpass", &format!("*:*:*:{REPLICATION_USER}:{escaped}\n"))
+    }
+
+    /// `pg_basebackup` from `upstream`: a standby's data directory.
+    pub async fn base_backup(&self, upstream: &Upstream) -> Result<()> {
+        self.prepare_dirs()?;
+        let output = self
+            .program("pg_basebackup")
+            .arg("--pgdata")
+            .arg(&self.data_dir)
+            .args(["--host", &upstream.host])
+            .args(["--port", &upstream.port.to_string()])
+            .args(["--username", REPLICATION_USER])
+            .args(["--wal-method=stream", "--checkpoint=fast", "--no-password"])
+            .env("PGPASSFILE", self.passfile()?)
+            .env("PGCONNECT_TIMEOUT", "10")
+            .output()
+            .await
+            .context("running pg_basebackup")?;
+        if !output.status.success() {
+            // A half-copied directory would look initialised next time.
+            let _ = std::fs::remove_file(self.data_dir.join("PG_VERSION"));
+            bail!(
+                "pg_basebackup from {}:{} failed: {}",
+                upstream.host,
+                upstream.port,
+                String::from_utf8_lossy(&output.stderr).trim()
+            );
+        }
+        self.write_base_config()
+    }
+
+    /// `pg_hba.conf`, and the include of `bulkhead.conf` in `postgresql.conf`.
+    fn write_base_config(&self) -> Result<()> {
+        let hba = "# Written by bulkhead instance.\n\
+                   local all all trust\n\
+                   host replication streaming_replica all scram-sha-256\n\
+                   host all all all scram-sha-256\n";
+        self.write_owned(&self.data_dir.join("pg_hba.conf"), hba)?;
+        let conf_path = self.data_dir.join("postgresql.conf");
+        let conf = std::fs::read_to_string(&conf_path)
+            .with_context(|| format!("reading {}", conf_path.display()))?;
+        if !conf.contains("include_if_exists = 'bulkhead.conf'") {
+            self.write_owned(
+                &conf_path,
+                &format!("{conf}\n# Bulkhead's settings (rewritten by the instance manager).\ninclude_if_exists = 'bulkhead.conf'\n"),
+            )?;
+        }
+        Ok(())
+    }
+
+    fn write_owned(&self, path: &Path, text: &str) -> Result<()> {
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+        if let Some((uid, gid)) = self.owner {
+            std::os::unix::fs::chown(path, Some(uid), Some(gid))?;
+        }
+        Ok(())
+    }
+
+    /// Writes `bulkhead.conf` for `role` and, for a standby, `standby.signal` (PostgreSQL
+    /// starts in recovery while it exists).
+    pub fn configure(&self, role: Role, upstream: Option<&Upstream>) -> Result<()> {
+        let mut conf = format!(
+            "listen_addresses = '{}'\n\
+             port = {}\n\
+             unix_socket_directories = '{}'\n\
+             wal_level = replica\n\
+             hot_standby = on\n\
+             max_wal_senders = 10\n\
+             max_replication_slots = 10\n\
+             wal_log_hints = on\n",
+            self.listen,
+            self.port,
+            self.socket_dir.display()
+        );
+        if let (Role::Standby, Some(upstream)) = (role, upstream) {
+            // The password is in a private passfile, never in the configuration.
+            let passfile = self.passfile()?;
+            conf.push_str(&format!(
+                "primary_conninfo = 'host={} port={} user={REPLICATION_USER} passfile={} application_name=bulkhead connect_timeout=5'\n",
+                upstream.host,
+                upstream.port,
+                passfile.display()
+            ));
+        }
+        self.write_owned(&self.data_dir.join("bulkhead.conf"), &conf)?;
+        let signal = self.data_dir.join("standby.signal");
+        match role {
+            Role::Standby => self.write_owned(&signal, "")?,
+            Role::Primary => {
+                let _ = std::fs::remove_file(&signal);
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts `postgres`; its output goes to `log`.
+    pub fn start(&self, log: &Path) -> Result<Child> {
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .with_context(|| format!("opening {}", log.display()))?;
+        let err = out.try_clone()?;
+        self.program("postgres")
+            .arg("-D")
+            .arg(&self.data_dir)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .context("starting postgres")
+    }
+
+    /// Stops a running `postgres` with a fast shutdown (every session ended, nothing
+    /// lost), waiting up to `timeout`, then kills it.
+    pub async fn stop(child: &mut Child, timeout: Duration) -> Result<()> {
+        if let Some(pid) = child.id() {
+            // SIGINT: PostgreSQL's fast shutdown.
+            unsafe {
+                libc::kill(pid as i32, libc::SIGINT);
+            }
+        }
+        match tokio::time::timeout(timeout, child.wait()).await {
+            Ok(status) => {
+                status?;
+            }
+            Err(_) => {
+                child.kill().await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A connection as the superuser over the private socket.
+    pub async fn connect(&self) -> Result<tokio_postgres::Client> {
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host_path(&self.socket_dir)
+            .port(self.port)
+            .user(SUPERUSER)
+            .dbname("postgres")
+            .connect_timeout(Duration::from_secs(3));
+        let (client, connection) = config
+            .connect(tokio_postgres::NoTls)
+            .await
+            .context("connecting to PostgreSQL over its socket")?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        Ok(client)
+    }
+
+    /// The server's role and position.
+    pub async fn observe(client: &tokio_postgres::Client) -> Result<Observed> {
+        let row = client
+            .query_one(
+                "SELECT pg_is_in_recovery(),
+                        CASE WHEN pg_is_in_recovery()
+                             THEN coalesce(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn())::text
+                             ELSE pg_current_wal_lsn()::text END,
+                        (SELECT timeline_id FROM pg_control_checkpoint())::int",
+                &[],
+            )
+            .await?;
+        let recovering: bool = row.get(0);
+        let lsn: Option<String> = row.get(1);
+        let timeline: Option<i32> = row.get(2);
+        Ok(Observed {
+            role: if recovering {
+                Role::Standby
+            } else {
+                Role::Primary
+            },
+            lsn,
+            timeline: timeline.map(|t| t as u32),
+        })
+    }
+
+    /// `pg_promote()`: the standby becomes a primary without a restart.
+    pub async fn promote(client: &tokio_postgres::Client) -> Result<()> {
+        let row = client.query_one("SELECT pg_promote(true, 60)", &[]).await?;
+        let promoted: bool = row.get(0);
+        if !promoted {
+            bail!("pg_promote did not finish within 60 s");
+        }
+        Ok(())
+    }
+
+    /// The first primary's roles: the replication user (its password set again each time,
+    /// so a changed Secret takes effect).
+    pub async fn ensure_roles(&self, client: &tokio_postgres::Client) -> Result<()> {
+        let exists = client
+            .query_opt(
+                "SELECT 1 FROM pg_roles WHERE rolname = $1",
+                &[&REPLICATION_USER],
+            )
+            .await?
+            .is_some();
+        let password = sql_literal(&self.replication_password);
+        let statement = if exists {
+            format!("ALTER ROLE {REPLICATION_USER} WITH REPLICATION LOGIN PASSWORD {password}")
+        } else {
+            format!("CREATE ROLE {REPLICATION_USER} WITH REPLICATION LOGIN PASSWORD {password}")
+        };
+        client.batch_execute(&statement).await?;
+        Ok(())
+    }
+
+    /// The highest term this data directory has seen (0 when none).
+    pub fn term(&self) -> u64 {
+        std::fs::read_to_string(self.data_dir.join(TERM_FILE))
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Records `term` in the data directory (before acting on it).
+    pub fn record_term(&self, term: u64) -> Result<()> {
+        let path = self.data_dir.join(TERM_FILE);
+        let staged = self.data_dir.join(format!("{TERM_FILE}.new"));
+        self.write_owned(&staged, &format!("{term}\n"))?;
+        std::fs::rename(&staged, &path).with_context(|| format!("writing {}", path.display()))
+    }
+}
+
+/// A SQL string literal.
+fn sql_literal(value: &str) -> String {
+    format!("'{}'", value.replace('\'', "''"))
+}
+
+/// The newest PostgreSQL's programs on a Debian machine (`/usr/lib/postgresql/<n>/bin`).
+pub fn find_bin_dir() -> Option<PathBuf> {
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let version: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let bin = entry.path().join("bin");
+            bin.join("postgres").is_file().then_some((version, bin))
+        })
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, bin)| bin)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn literals_are_quoted() {
+        assert_eq!(sql_literal("it's"), "'it''s'");
+    }
+}

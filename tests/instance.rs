@@ -1,0 +1,345 @@
+//! `bulkhead instance` against real PostgreSQL servers (the distribution's package): a
+//! primary and a streaming standby, the agent's role changes over the instance API, and
+//! what a real client sees. Run as root, PostgreSQL runs as the `postgres` user.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bulkhead::api::instance::{Desired, InstanceStatus, Role, Upstream};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const TOKEN: &str = "agent-token-for-tests";
+const SUPERUSER_PASSWORD: &str = "super secret: with 'quotes'";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap()
+}
+
+/// One `bulkhead instance` process, killed when dropped.
+struct InstanceProcess {
+    child: Child,
+    api: u16,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl Drop for InstanceProcess {
+    fn drop(&mut self) {
+        // SIGTERM: the instance stops PostgreSQL with a fast shutdown.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(20) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+    }
+}
+
+fn running_as_root() -> bool {
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn start(root: &Path, name: &str, agent_lease: &str) -> InstanceProcess {
+    let dir = root.join(name);
+    let secrets = dir.join("secrets");
+    std::fs::create_dir_all(&secrets).unwrap();
+    std::fs::write(secrets.join("superuser-password"), SUPERUSER_PASSWORD).unwrap();
+    std::fs::write(
+        secrets.join("replication-password"),
+        "replication:pass\\word",
+    )
+    .unwrap();
+    std::fs::write(secrets.join("token"), TOKEN).unwrap();
+    if running_as_root() {
+        // The data's parent must be reachable by the postgres user.
+        for path in [root, dir.as_path()] {
+            let mut permissions = std::fs::metadata(path).unwrap().permissions();
+            std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o755);
+            std::fs::set_permissions(path, permissions).unwrap();
+        }
+    }
+    let api = free_port();
+    let port = free_port();
+    let log = std::fs::File::create(dir.join("instance.log")).unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_bulkhead"));
+    command
+        .arg("instance")
+        .arg("--pgdata")
+        .arg(dir.join("data"))
+        .arg("--socket-dir")
+        .arg(dir.join("socket"))
+        .args(["--listen-addresses", "127.0.0.1"])
+        .args(["--port", &port.to_string()])
+        .args(["--api-address", &format!("127.0.0.1:{api}")])
+        .arg("--secrets-dir")
+        .arg(&secrets)
+        .args(["--agent-lease", agent_lease])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log);
+    if running_as_root() {
+        command.args(["--run-as", "postgres"]);
+    }
+    InstanceProcess {
+        child: command.spawn().unwrap(),
+        api,
+        port,
+        dir,
+    }
+}
+
+/// One HTTP/1.1 request to an instance's API; (status, body).
+async fn http(port: u16, method: &str, path: &str, body: Option<String>) -> (u16, String) {
+    // (0, why) while the API does not answer yet.
+    let mut stream = match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+        Ok(stream) => stream,
+        Err(error) => return (0, error.to_string()),
+    };
+    let body = body.unwrap_or_default();
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.unwrap();
+    let status = raw[9..12].parse().unwrap();
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+async fn status(instance: &InstanceProcess) -> Option<InstanceStatus> {
+    let (code, body) = http(instance.api, "GET", "/status", None).await;
+    (code == 200).then(|| serde_json::from_str(&body).unwrap())
+}
+
+async fn tell(instance: &InstanceProcess, desired: &Desired) -> (u16, String) {
+    http(
+        instance.api,
+        "PUT",
+        "/desired",
+        Some(serde_json::to_string(desired).unwrap()),
+    )
+    .await
+}
+
+fn primary(term: u64) -> Desired {
+    Desired {
+        role: Role::Primary,
+        term,
+        upstream: None,
+        reason: "the test's primary".into(),
+    }
+}
+
+fn standby(term: u64, upstream: Option<&InstanceProcess>) -> Desired {
+    Desired {
+        role: Role::Standby,
+        term,
+        upstream: upstream.map(|u| Upstream {
+            host: "127.0.0.1".into(),
+            port: u.port,
+        }),
+        reason: "the test's standby".into(),
+    }
+}
+
+/// Waits until the instance runs ready as `role`, saying the agent's word again every
+/// second as the agent does (so the lease stays fresh).
+async fn wait_role(instance: &InstanceProcess, role: Role, keep_telling: Option<&Desired>) {
+    let started = Instant::now();
+    loop {
+        if let Some(desired) = keep_telling {
+            tell(instance, desired).await;
+        }
+        let now = status(instance).await;
+        if let Some(s) = &now
+            && s.ready
+            && s.role == Some(role)
+        {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "{} not {role} within 60 s: {now:?}; its log:\n{}",
+            instance.dir.display(),
+            std::fs::read_to_string(instance.dir.join("instance.log")).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+async fn client(instance: &InstanceProcess) -> tokio_postgres::Client {
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host("127.0.0.1")
+        .port(instance.port)
+        .user("postgres")
+        .password(SUPERUSER_PASSWORD)
+        .dbname("postgres")
+        .connect_timeout(Duration::from_secs(5));
+    let (client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+fn sqlstate(error: &tokio_postgres::Error) -> Option<String> {
+    error.code().map(|c| c.code().to_string())
+}
+
+async fn count(client: &tokio_postgres::Client) -> i64 {
+    client
+        .query_one("SELECT count(*) FROM orders", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_and_a_standby_follow_the_agent_and_the_server_refuses_writes_when_demoted() {
+    let Some(_) = bulkhead::instance::postgres::find_bin_dir() else {
+        panic!("PostgreSQL is not installed (e2e/setup.sh installs Debian's postgresql)");
+    };
+    let root = std::env::temp_dir().join(format!("bulkhead-instance-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+
+    // The first primary: no data until the agent names its role, then initdb.
+    let a = start(&root, "a", "60s");
+    let started = Instant::now();
+    while status(&a).await.is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the API never answered"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let waiting = status(&a).await.unwrap();
+    assert_eq!(waiting.role, None);
+    assert!(
+        waiting.message.contains("waiting for the agent"),
+        "{waiting:?}"
+    );
+    let (code, body) = http(a.api, "PUT", "/desired", Some("{}".into())).await;
+    assert_eq!(code, 400, "{body}");
+    wait_role(&a, Role::Primary, Some(&primary(1))).await;
+    assert_eq!(status(&a).await.unwrap().term, 1);
+
+    let writer = client(&a).await;
+    writer
+        .batch_execute(
+            "CREATE TABLE orders (id int primary key); INSERT INTO orders VALUES (1), (2)",
+        )
+        .await
+        .unwrap();
+
+    // A standby from a base backup of the primary; it streams what comes next.
+    let b = start(&root, "b", "60s");
+    wait_role(&b, Role::Standby, Some(&standby(1, Some(&a)))).await;
+    writer
+        .batch_execute("INSERT INTO orders VALUES (3)")
+        .await
+        .unwrap();
+    let reader = client(&b).await;
+    let started = Instant::now();
+    while count(&reader).await != 3 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the standby never replayed the insert"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let error = reader
+        .batch_execute("INSERT INTO orders VALUES (99)")
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&error).as_deref(), Some("25006"), "{error}");
+
+    // The agent fences the primary: the server restarts as a hot standby; the open session
+    // ends, a new one may read but not write, whatever it sets.
+    tell(&a, &standby(1, None)).await;
+    wait_role(&a, Role::Standby, None).await;
+    assert!(
+        writer
+            .batch_execute("INSERT INTO orders VALUES (4)")
+            .await
+            .is_err(),
+        "a session opened before the fence cannot write after it"
+    );
+    let fenced = client(&a).await;
+    assert_eq!(count(&fenced).await, 3);
+    fenced
+        .batch_execute("SET default_transaction_read_only = off")
+        .await
+        .unwrap();
+    let error = fenced
+        .batch_execute("INSERT INTO orders VALUES (4)")
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&error).as_deref(), Some("25006"), "{error}");
+
+    // Unfenced: promoted again without a restart; every acknowledged write is there.
+    wait_role(&a, Role::Primary, Some(&primary(1))).await;
+    let writer = client(&a).await;
+    writer
+        .batch_execute("INSERT INTO orders VALUES (4)")
+        .await
+        .unwrap();
+    assert_eq!(count(&writer).await, 4);
+
+    // A stale word (a lower term) changes nothing.
+    let (code, body) = tell(&a, &standby(0, None)).await;
+    assert_eq!(code, 409, "{body}");
+    assert!(body.contains("older than term 1"), "{body}");
+    // Without the agent's token, nothing changes either.
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", a.api))
+        .await
+        .unwrap();
+    let body = serde_json::to_string(&standby(5, None)).unwrap();
+    stream
+        .write_all(
+            format!("PUT /desired HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}", body.len())
+                .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.unwrap();
+    assert!(raw.starts_with("HTTP/1.1 401"), "{raw}");
+    assert_eq!(status(&a).await.unwrap().role, Some(Role::Primary));
+    drop(b);
+    drop(a);
+
+    // An instance whose agent goes silent past the lease demotes itself.
+    let c = start(&root, "c", "3s");
+    wait_role(&c, Role::Primary, Some(&primary(2))).await;
+    let silent_from = Instant::now();
+    wait_role(&c, Role::Standby, None).await;
+    let demoted_after = silent_from.elapsed();
+    let s = status(&c).await.unwrap();
+    assert!(s.agent_lost, "{s:?}");
+    assert!(
+        demoted_after >= Duration::from_secs(2),
+        "demoted {demoted_after:?} after the agent's last word, before the 3 s lease"
+    );
+    let error = client(&c)
+        .await
+        .batch_execute("CREATE TABLE t (x int)")
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&error).as_deref(), Some("25006"), "{error}");
+    drop(c);
+    let _ = std::fs::remove_dir_all(&root);
+}
