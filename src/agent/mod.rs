@@ -9,6 +9,7 @@
 pub mod builders;
 pub mod fence;
 pub mod reconciler;
+pub mod roles;
 pub mod status;
 pub mod volumes;
 

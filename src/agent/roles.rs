@@ -1,0 +1,409 @@
+//! Which instance of a MyDatabase is its primary: the agent's decision, pure.
+//!
+//! The primary and the term are recorded in the MyDatabase's status **before** any
+//! instance hears of them ([`RoleDecision::Record`]): a promotion is always of a recorded
+//! primary under a recorded term, so an agent that restarts, or an old primary that comes
+//! back, finds the decision where it was made. Every instance is then told its role
+//! ([`RoleDecision::Tell`]) each round, which is also how the instances know the agent is
+//! there (they demote themselves when it is silent past the lease).
+//!
+//! Rules:
+//! - a new database's first primary is its first instance (ordinal 0), term 1;
+//! - while the recorded primary answers, it stays primary; the others stream from it;
+//! - fenced (the hub's lease is stale, or `spec.readOnly`), every instance is a standby
+//!   and nothing is promoted;
+//! - when the recorded primary has not answered for `failover_after`, the standby with the
+//!   most WAL received is promoted under the next term (none is when no standby answers).
+
+use std::time::Duration;
+
+use crate::api::instance::{Desired, InstanceStatus, Role, Upstream, parse_lsn};
+
+/// One instance (pod) of the database, as the agent sees it this round.
+#[derive(Clone, Debug)]
+pub struct Instance<'a> {
+    /// The pod's name.
+    pub pod: &'a str,
+    /// Where the others reach its PostgreSQL (the pod's DNS name or address).
+    pub host: &'a str,
+    /// What its instance manager reported; None when it did not answer.
+    pub status: Option<&'a InstanceStatus>,
+}
+
+/// What the MyDatabase's status records.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Recorded {
+    pub primary: Option<String>,
+    pub term: u64,
+}
+
+/// The agent's view of one database this round.
+#[derive(Clone, Debug)]
+pub struct RoleInput<'a> {
+    /// Its instances, by ordinal.
+    pub instances: &'a [Instance<'a>],
+    pub recorded: &'a Recorded,
+    /// No instance may be primary; the reason says why ("the hub's lease is stale").
+    pub fenced: Option<&'a str>,
+    /// How long the recorded primary has gone without answering (None: it answers).
+    pub primary_silent_for: Option<Duration>,
+    /// How long the recorded primary may be silent before a standby is promoted.
+    pub failover_after: Duration,
+    /// PostgreSQL's port in every instance.
+    pub port: u16,
+}
+
+/// What the agent does this round.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RoleDecision {
+    /// Record this primary and term in the MyDatabase's status first; tell nobody yet.
+    Record {
+        primary: String,
+        term: u64,
+        why: String,
+    },
+    /// Tell each instance (by pod) its role.
+    Tell {
+        desired: Vec<(String, Desired)>,
+        /// What the database is doing, for its status.
+        message: String,
+    },
+}
+
+/// Decides this round; see the module documentation.
+pub fn decide(input: &RoleInput<'_>) -> RoleDecision {
+    let Some(primary) = input.recorded.primary.as_deref() else {
+        return match input.instances.first() {
+            Some(first) => RoleDecision::Record {
+                primary: first.pod.to_string(),
+                term: input.recorded.term + 1,
+                why: format!(
+                    "the first primary of a new database is its first instance, {}",
+                    first.pod
+                ),
+            },
+            None => RoleDecision::Tell {
+                desired: vec![],
+                message: "no instance yet".into(),
+            },
+        };
+    };
+    let term = input.recorded.term;
+    let recorded_primary = input.instances.iter().find(|i| i.pod == primary);
+    let answers = recorded_primary.is_some_and(|i| i.status.is_some());
+    if !answers
+        && input.fenced.is_none()
+        && input
+            .primary_silent_for
+            .is_some_and(|silent| silent >= input.failover_after)
+        && let Some(candidate) = most_wal(input.instances, primary)
+    {
+        let lsn = candidate
+            .status
+            .and_then(|s| s.lsn.clone())
+            .unwrap_or_else(|| "no position".into());
+        return RoleDecision::Record {
+            primary: candidate.pod.to_string(),
+            term: term + 1,
+            why: format!(
+                "the primary {primary} has not answered for {}s; {} has the most WAL received ({lsn})",
+                input.primary_silent_for.unwrap_or_default().as_secs(),
+                candidate.pod
+            ),
+        };
+    }
+    let upstream = recorded_primary.map(|i| Upstream {
+        host: i.host.to_string(),
+        port: input.port,
+    });
+    let mut desired = vec![];
+    for instance in input.instances {
+        let (role, upstream, reason) = if instance.pod == primary {
+            match input.fenced {
+                Some(why) => (Role::Standby, None, format!("fenced: {why}")),
+                None => (Role::Primary, None, "the recorded primary".to_string()),
+            }
+        } else {
+            (
+                Role::Standby,
+                upstream.clone(),
+                format!("a standby of {primary}"),
+            )
+        };
+        desired.push((
+            instance.pod.to_string(),
+            Desired {
+                role,
+                term,
+                upstream,
+                reason,
+            },
+        ));
+    }
+    let message = match (input.fenced, answers) {
+        (Some(why), _) => format!("fenced ({why}): every instance is a hot standby"),
+        (None, true) => format!("{primary} is the primary (term {term})"),
+        (None, false) => match input.primary_silent_for {
+            Some(silent) if silent >= input.failover_after => format!(
+                "the primary {primary} has not answered for {}s and no standby answers to take over",
+                silent.as_secs()
+            ),
+            Some(silent) => format!(
+                "the primary {primary} has not answered for {}s; a standby takes over after {}s",
+                silent.as_secs(),
+                input.failover_after.as_secs()
+            ),
+            None => format!("waiting for the primary {primary} to answer"),
+        },
+    };
+    RoleDecision::Tell { desired, message }
+}
+
+/// The answering standby (not `primary`) with the most WAL received; the first by ordinal
+/// among equals.
+fn most_wal<'a>(instances: &'a [Instance<'a>], primary: &str) -> Option<&'a Instance<'a>> {
+    let mut best: Option<(&Instance<'a>, u64)> = None;
+    for instance in instances {
+        if instance.pod == primary {
+            continue;
+        }
+        let Some(status) = instance.status else {
+            continue;
+        };
+        if !status.ready {
+            continue;
+        }
+        let lsn = status.lsn.as_deref().and_then(parse_lsn).unwrap_or(0);
+        if best.is_none_or(|(_, most)| lsn > most) {
+            best = Some((instance, lsn));
+        }
+    }
+    best.map(|(instance, _)| instance)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(role: Role, lsn: &str) -> InstanceStatus {
+        InstanceStatus {
+            role: Some(role),
+            ready: true,
+            term: 1,
+            lsn: Some(lsn.into()),
+            ..Default::default()
+        }
+    }
+
+    fn input<'a>(
+        instances: &'a [Instance<'a>],
+        recorded: &'a Recorded,
+        silent: Option<u64>,
+    ) -> RoleInput<'a> {
+        RoleInput {
+            instances,
+            recorded,
+            fenced: None,
+            primary_silent_for: silent.map(Duration::from_secs),
+            failover_after: Duration::from_secs(10),
+            port: 5432,
+        }
+    }
+
+    fn recorded(primary: &str, term: u64) -> Recorded {
+        Recorded {
+            primary: Some(primary.into()),
+            term,
+        }
+    }
+
+    fn told(decision: &RoleDecision) -> Vec<(String, Role, Option<String>, u64)> {
+        match decision {
+            RoleDecision::Tell { desired, .. } => desired
+                .iter()
+                .map(|(pod, d)| {
+                    (
+                        pod.clone(),
+                        d.role,
+                        d.upstream.as_ref().map(|u| u.host.clone()),
+                        d.term,
+                    )
+                })
+                .collect(),
+            other => panic!("expected Tell, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_new_database_records_its_first_instance_as_primary_before_telling_anyone() {
+        let instances = [
+            Instance {
+                pod: "db-0",
+                host: "db-0.db",
+                status: None,
+            },
+            Instance {
+                pod: "db-1",
+                host: "db-1.db",
+                status: None,
+            },
+        ];
+        let none = Recorded::default();
+        let decision = decide(&input(&instances, &none, None));
+        assert!(
+            matches!(&decision, RoleDecision::Record { primary, term: 1, .. } if primary == "db-0"),
+            "{decision:?}"
+        );
+    }
+
+    #[test]
+    fn the_recorded_primary_leads_and_the_others_stream_from_it() {
+        let p = status(Role::Primary, "0/3000000");
+        let s = status(Role::Standby, "0/3000000");
+        let instances = [
+            Instance {
+                pod: "db-0",
+                host: "db-0.db",
+                status: Some(&p),
+            },
+            Instance {
+                pod: "db-1",
+                host: "db-1.db",
+                status: Some(&s),
+            },
+            Instance {
+                pod: "db-2",
+                host: "db-2.db",
+                status: None,
+            },
+        ];
+        let rec = recorded("db-0", 3);
+        let decision = decide(&input(&instances, &rec, None));
+        assert_eq!(
+            told(&decision),
+            [
+                ("db-0".into(), Role::Primary, None, 3),
+                ("db-1".into(), Role::Standby, Some("db-0.db".into()), 3),
+                ("db-2".into(), Role::Standby, Some("db-0.db".into()), 3),
+            ]
+        );
+    }
+
+    #[test]
+    fn fenced_every_instance_is_a_standby_and_nothing_is_promoted() {
+        let s = status(Role::Standby, "0/5000000");
+        let instances = [
+            Instance {
+                pod: "db-0",
+                host: "db-0.db",
+                status: None,
+            },
+            Instance {
+                pod: "db-1",
+                host: "db-1.db",
+                status: Some(&s),
+            },
+        ];
+        let rec = recorded("db-0", 1);
+        let mut fenced = input(&instances, &rec, Some(60));
+        fenced.fenced = Some("the hub's lease is stale");
+        let decision = decide(&fenced);
+        let roles: Vec<Role> = told(&decision).into_iter().map(|t| t.1).collect();
+        assert_eq!(roles, [Role::Standby, Role::Standby]);
+        let RoleDecision::Tell { message, desired } = &decision else {
+            unreachable!()
+        };
+        assert!(message.contains("fenced"), "{message}");
+        assert!(desired[0].1.reason.contains("lease is stale"));
+    }
+
+    #[test]
+    fn a_silent_primary_is_replaced_by_the_standby_with_the_most_wal_under_the_next_term() {
+        let behind = status(Role::Standby, "0/3000000");
+        let ahead = status(Role::Standby, "0/3000A00");
+        let instances = [
+            Instance {
+                pod: "db-0",
+                host: "db-0.db",
+                status: None,
+            },
+            Instance {
+                pod: "db-1",
+                host: "db-1.db",
+                status: Some(&behind),
+            },
+            Instance {
+                pod: "db-2",
+                host: "db-2.db",
+                status: Some(&ahead),
+            },
+        ];
+        let rec = recorded("db-0", 4);
+        // Not yet: silent for less than failover_after.
+        let waiting = decide(&input(&instances, &rec, Some(5)));
+        assert_eq!(
+            told(&waiting)[0].1,
+            Role::Primary,
+            "the recorded primary keeps its role"
+        );
+        let decision = decide(&input(&instances, &rec, Some(10)));
+        assert!(
+            matches!(&decision, RoleDecision::Record { primary, term: 5, why } if primary == "db-2" && why.contains("0/3000A00")),
+            "{decision:?}"
+        );
+        // Once recorded, the old primary (back or not) is told to follow the new one.
+        let rec = recorded("db-2", 5);
+        let old = status(Role::Standby, "0/3000000");
+        let instances = [
+            Instance {
+                pod: "db-0",
+                host: "db-0.db",
+                status: Some(&old),
+            },
+            Instance {
+                pod: "db-1",
+                host: "db-1.db",
+                status: Some(&behind),
+            },
+            Instance {
+                pod: "db-2",
+                host: "db-2.db",
+                status: Some(&ahead),
+            },
+        ];
+        assert_eq!(
+            told(&decide(&input(&instances, &rec, None))),
+            [
+                ("db-0".into(), Role::Standby, Some("db-2.db".into()), 5),
+                ("db-1".into(), Role::Standby, Some("db-2.db".into()), 5),
+                ("db-2".into(), Role::Primary, None, 5),
+            ]
+        );
+    }
+
+    #[test]
+    fn without_an_answering_standby_nothing_is_promoted() {
+        let unready = InstanceStatus {
+            ready: false,
+            ..status(Role::Standby, "0/9000000")
+        };
+        let instances = [
+            Instance {
+                pod: "db-0",
+                host: "db-0.db",
+                status: None,
+            },
+            Instance {
+                pod: "db-1",
+                host: "db-1.db",
+                status: Some(&unready),
+            },
+        ];
+        let rec = recorded("db-0", 1);
+        let decision = decide(&input(&instances, &rec, Some(30)));
+        let RoleDecision::Tell { message, .. } = &decision else {
+            panic!("{decision:?}")
+        };
+        assert!(message.contains("no standby answers"), "{message}");
+    }
+}
