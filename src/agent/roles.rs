@@ -195,6 +195,15 @@ mod tests {
         }
     }
 
+    /// An instance whose host is its pod's name.
+    fn instance<'a>(pod: &'a str, status: Option<&'a InstanceStatus>) -> Instance<'a> {
+        Instance {
+            pod,
+            host: pod,
+            status,
+        }
+    }
+
     fn input<'a>(
         instances: &'a [Instance<'a>],
         recorded: &'a Recorded,
@@ -236,18 +245,7 @@ mod tests {
 
     #[test]
     fn a_new_database_records_its_first_instance_as_primary_before_telling_anyone() {
-        let instances = [
-            Instance {
-                pod: "db-0",
-                host: "db-0.db",
-                status: None,
-            },
-            Instance {
-                pod: "db-1",
-                host: "db-1.db",
-                status: None,
-            },
-        ];
+        let instances = [instance("db-0", None), instance("db-1", None)];
         let none = Recorded::default();
         let decision = decide(&input(&instances, &none, None));
         assert!(
@@ -261,21 +259,9 @@ mod tests {
         let p = status(Role::Primary, "0/3000000");
         let s = status(Role::Standby, "0/3000000");
         let instances = [
-            Instance {
-                pod: "db-0",
-                host: "db-0.db",
-                status: Some(&p),
-            },
-            Instance {
-                pod: "db-1",
-                host: "db-1.db",
-                status: Some(&s),
-            },
-            Instance {
-                pod: "db-2",
-                host: "db-2.db",
-                status: None,
-            },
+            instance("db-0", Some(&p)),
+            instance("db-1", Some(&s)),
+            instance("db-2", None),
         ];
         let rec = recorded("db-0", 3);
         let decision = decide(&input(&instances, &rec, None));
@@ -283,8 +269,8 @@ mod tests {
             told(&decision),
             [
                 ("db-0".into(), Role::Primary, None, 3),
-                ("db-1".into(), Role::Standby, Some("db-0.db".into()), 3),
-                ("db-2".into(), Role::Standby, Some("db-0.db".into()), 3),
+                ("db-1".into(), Role::Standby, Some("db-0".into()), 3),
+                ("db-2".into(), Role::Standby, Some("db-0".into()), 3),
             ]
         );
     }
@@ -292,18 +278,7 @@ mod tests {
     #[test]
     fn fenced_every_instance_is_a_standby_and_nothing_is_promoted() {
         let s = status(Role::Standby, "0/5000000");
-        let instances = [
-            Instance {
-                pod: "db-0",
-                host: "db-0.db",
-                status: None,
-            },
-            Instance {
-                pod: "db-1",
-                host: "db-1.db",
-                status: Some(&s),
-            },
-        ];
+        let instances = [instance("db-0", None), instance("db-1", Some(&s))];
         let rec = recorded("db-0", 1);
         let mut fenced = input(&instances, &rec, Some(60));
         fenced.fenced = Some("the hub's lease is stale");
@@ -322,21 +297,9 @@ mod tests {
         let behind = status(Role::Standby, "0/3000000");
         let ahead = status(Role::Standby, "0/3000A00");
         let instances = [
-            Instance {
-                pod: "db-0",
-                host: "db-0.db",
-                status: None,
-            },
-            Instance {
-                pod: "db-1",
-                host: "db-1.db",
-                status: Some(&behind),
-            },
-            Instance {
-                pod: "db-2",
-                host: "db-2.db",
-                status: Some(&ahead),
-            },
+            instance("db-0", None),
+            instance("db-1", Some(&behind)),
+            instance("db-2", Some(&ahead)),
         ];
         let rec = recorded("db-0", 4);
         // Not yet: silent for less than failover_after.
@@ -355,27 +318,15 @@ mod tests {
         let rec = recorded("db-2", 5);
         let old = status(Role::Standby, "0/3000000");
         let instances = [
-            Instance {
-                pod: "db-0",
-                host: "db-0.db",
-                status: Some(&old),
-            },
-            Instance {
-                pod: "db-1",
-                host: "db-1.db",
-                status: Some(&behind),
-            },
-            Instance {
-                pod: "db-2",
-                host: "db-2.db",
-                status: Some(&ahead),
-            },
+            instance("db-0", Some(&old)),
+            instance("db-1", Some(&behind)),
+            instance("db-2", Some(&ahead)),
         ];
         assert_eq!(
             told(&decide(&input(&instances, &rec, None))),
             [
-                ("db-0".into(), Role::Standby, Some("db-2.db".into()), 5),
-                ("db-1".into(), Role::Standby, Some("db-2.db".into()), 5),
+                ("db-0".into(), Role::Standby, Some("db-2".into()), 5),
+                ("db-1".into(), Role::Standby, Some("db-2".into()), 5),
                 ("db-2".into(), Role::Primary, None, 5),
             ]
         );
@@ -387,18 +338,7 @@ mod tests {
             ready: false,
             ..status(Role::Standby, "0/9000000")
         };
-        let instances = [
-            Instance {
-                pod: "db-0",
-                host: "db-0.db",
-                status: None,
-            },
-            Instance {
-                pod: "db-1",
-                host: "db-1.db",
-                status: Some(&unready),
-            },
-        ];
+        let instances = [instance("db-0", None), instance("db-1", Some(&unready))];
         let rec = recorded("db-0", 1);
         let decision = decide(&input(&instances, &rec, Some(30)));
         let RoleDecision::Tell { message, .. } = &decision else {
