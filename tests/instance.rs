@@ -343,3 +343,80 @@ async fn a_primary_and_a_standby_follow_the_agent_and_the_server_refuses_writes_
     drop(c);
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// Two primaries after a partition (the agent promoted a standby under a new term while
+/// the old primary, cut off from it, kept writing): told to follow the new one, the old
+/// primary rewinds its history to the new primary's (`pg_rewind`) and streams from it;
+/// what it wrote after the histories diverged is gone, the new primary's writes are there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_primary_that_diverged_rewinds_and_follows_the_new_one() {
+    let root = std::env::temp_dir().join(format!("bulkhead-rewind-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+    let a = start(&root, "a", "60s");
+    wait_role(&a, Role::Primary, Some(&primary(1))).await;
+    let on_a = client(&a).await;
+    on_a.batch_execute(
+        "CREATE TABLE orders (id int primary key); INSERT INTO orders VALUES (1), (2), (3)",
+    )
+    .await
+    .unwrap();
+    let b = start(&root, "b", "60s");
+    wait_role(&b, Role::Standby, Some(&standby(1, Some(&a)))).await;
+    let started = Instant::now();
+    while count(&client(&b).await).await != 3 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "b never replayed"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // B promoted under term 2; A, still primary, writes on: the histories diverge.
+    wait_role(&b, Role::Primary, Some(&primary(2))).await;
+    on_a.batch_execute("INSERT INTO orders VALUES (100)")
+        .await
+        .unwrap();
+    let on_b = client(&b).await;
+    on_b.batch_execute("INSERT INTO orders VALUES (200)")
+        .await
+        .unwrap();
+
+    // A follows B: rewound, then streaming.
+    wait_role(&a, Role::Standby, Some(&standby(2, Some(&b)))).await;
+    on_b.batch_execute("INSERT INTO orders VALUES (300)")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    loop {
+        let ids: Vec<i32> = match client(&a)
+            .await
+            .query("SELECT id FROM orders ORDER BY id", &[])
+            .await
+        {
+            Ok(rows) => rows.iter().map(|r| r.get(0)).collect(),
+            Err(_) => vec![],
+        };
+        if ids == [1, 2, 3, 200, 300] {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "a holds {ids:?}, not b's history [1, 2, 3, 200, 300]; its log:\n{}",
+            std::fs::read_to_string(a.dir.join("instance.log")).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(status(&a).await.unwrap().term, 2);
+    // Rewound in place (wal_keep_size kept the WAL back to the common checkpoint), not
+    // copied again: no data directory was set aside.
+    let aside: Vec<_> = std::fs::read_dir(&a.dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains(".diverged-"))
+        .collect();
+    assert!(aside.is_empty(), "re-cloned instead of rewound: {aside:?}");
+    drop(a);
+    drop(b);
+    let _ = std::fs::remove_dir_all(&root);
+}

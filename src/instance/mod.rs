@@ -72,6 +72,10 @@ pub struct InstanceOptions {
     /// PostgreSQL's log (default: `postgres.log` next to the data directory).
     #[arg(long)]
     pub log_file: Option<PathBuf>,
+    /// `wal_keep_size`: WAL kept past checkpoints, so an old primary can be rewound to a
+    /// new one's history instead of copied again.
+    #[arg(long, default_value = "256MB")]
+    pub wal_keep_size: String,
 }
 
 /// What the API and the supervisor share.
@@ -153,6 +157,7 @@ impl Instance {
             owner,
             superuser_password: read_secret(&options.secrets_dir, "superuser-password")?,
             replication_password: read_secret(&options.secrets_dir, "replication-password")?,
+            wal_keep_size: options.wal_keep_size.clone(),
         };
         let log = options.log_file.clone().unwrap_or_else(|| {
             options
@@ -301,6 +306,12 @@ impl Instance {
                 tracing::warn!("postgres exited; starting it again");
             }
             self.server.prepare_dirs()?;
+            if role == Role::Standby
+                && let Some(upstream) = &upstream
+                && self.server.was_primary()
+            {
+                self.follow(upstream).await?;
+            }
             self.server.configure(role, upstream.as_ref())?;
             *child = Some(self.server.start(&self.log)?);
             *running_as = Some((role, upstream.clone()));
@@ -355,6 +366,9 @@ impl Instance {
                 if let Some(mut running) = child.take() {
                     Server::stop(&mut running, Duration::from_secs(30)).await?;
                 }
+                if let Some(upstream) = &upstream {
+                    self.follow(upstream).await?;
+                }
                 self.server.configure(Role::Standby, upstream.as_ref())?;
                 *child = Some(self.server.start(&self.log)?);
                 *running_as = Some((Role::Standby, upstream));
@@ -371,6 +385,9 @@ impl Instance {
             _ => {}
         }
         let observed = Server::observe(&client).await?;
+        if observed.role == Role::Primary {
+            self.server.set_was_primary(true)?;
+        }
         self.report(|s| {
             s.role = Some(observed.role);
             s.ready = true;
@@ -384,6 +401,37 @@ impl Instance {
             };
         });
         Ok(())
+    }
+}
+
+impl Instance {
+    /// Makes a stopped old primary's data follow `upstream`: `pg_rewind` (what it wrote
+    /// after the histories diverged is undone; the new primary's history wins).
+    async fn follow(&self, upstream: &Upstream) -> Result<()> {
+        self.report(|s| {
+            s.message = format!(
+                "rewinding to the history of {}:{} (pg_rewind)",
+                upstream.host, upstream.port
+            )
+        });
+        tracing::info!(host = %upstream.host, port = upstream.port, "pg_rewind: following a new primary");
+        let Err(error) = self.server.rewind(upstream).await else {
+            return Ok(());
+        };
+        // Re-cloned instead: the old directory is kept beside the new one.
+        let aside = self.server.set_aside()?;
+        tracing::warn!(error = %format!("{error:#}"), kept = %aside.display(), "pg_rewind failed; copying the new primary's data instead (the old data directory is kept)");
+        self.report(|s| {
+            s.message = format!(
+                "pg_rewind failed ({error:#}); copying {}:{} with pg_basebackup, the old data kept in {}",
+                upstream.host,
+                upstream.port,
+                aside.display()
+            )
+        });
+        self.server.base_backup(upstream).await?;
+        let term = self.lock().status.term;
+        self.server.record_term(term)
     }
 }
 

@@ -24,6 +24,9 @@ pub const SUPERUSER: &str = "postgres";
 /// File in the data directory holding the highest term the instance has seen.
 const TERM_FILE: &str = "bulkhead-term";
 
+/// File in the data directory present while it runs (or last ran) as a primary.
+const WAS_PRIMARY_FILE: &str = "bulkhead-was-primary";
+
 /// Where a server's files are, and who runs it.
 #[derive(Clone, Debug)]
 pub struct Server {
@@ -43,6 +46,9 @@ pub struct Server {
     /// The superuser's password (network logins), and the replication user's.
     pub superuser_password: String,
     pub replication_password: String,
+    /// `wal_keep_size`: WAL kept past checkpoints, so an old primary can still be rewound
+    /// to a new one's history (`pg_rewind` reads it back to their last common checkpoint).
+    pub wal_keep_size: String,
 }
 
 /// What the server says about itself.
@@ -126,11 +132,90 @@ impl Server {
     /// A libpq passfile with the replication user's password, private to the server's
     /// user.
     fn passfile(&self) -> Result<PathBuf> {
-        let escaped = self
-            .replication_password
-            .replace('\\', "\\\\")
-            .replace(':', "\\:");
-        self.private_file(".pgpass", &format!("*:*:*:{REPLICATION_USER}:{escaped}\n"))
+        let escape = |password: &str| password.replace('\\', "\\\\").replace(':', "\\:");
+        self.private_file(
+            ".pgpass",
+            &format!(
+                "*:*:*:{REPLICATION_USER}:{}\n*:*:*:{SUPERUSER}:{}\n",
+                escape(&self.replication_password),
+                escape(&self.superuser_password)
+            ),
+        )
+    }
+
+    /// `pg_rewind` from `upstream`: an old primary's data made a copy of the new primary's
+    /// history (what it wrote after they diverged is undone), so it can stream from it.
+    /// The server must be stopped; an unclean stop is recovered first by `pg_rewind`
+    /// itself.
+    pub async fn rewind(&self, upstream: &Upstream) -> Result<()> {
+        let source = format!(
+            "host={} port={} user={SUPERUSER} dbname=postgres connect_timeout=10",
+            upstream.host, upstream.port
+        );
+        let output = self
+            .program("pg_rewind")
+            .arg("--target-pgdata")
+            .arg(&self.data_dir)
+            .arg("--source-server")
+            .arg(&source)
+            .env("PGPASSFILE", self.passfile()?)
+            .output()
+            .await
+            .context("running pg_rewind")?;
+        if !output.status.success() {
+            bail!(
+                "pg_rewind from {}:{} failed: {}",
+                upstream.host,
+                upstream.port,
+                String::from_utf8_lossy(&output.stderr).trim()
+            );
+        }
+        // It copied the source's configuration files: Bulkhead's are written again.
+        self.write_base_config()?;
+        self.set_was_primary(false)
+    }
+
+    /// Moves the data directory aside (kept, never deleted: what it held after the
+    /// histories diverged may matter to someone) and returns where it went.
+    pub fn set_aside(&self) -> Result<PathBuf> {
+        let stamp = jiff::Timestamp::now()
+            .strftime("%Y%m%dT%H%M%SZ")
+            .to_string();
+        let name = format!(
+            "{}.diverged-{stamp}",
+            self.data_dir
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("pgdata")
+        );
+        let aside = self.data_dir.with_file_name(name);
+        std::fs::rename(&self.data_dir, &aside).with_context(|| {
+            format!(
+                "moving {} aside to {}",
+                self.data_dir.display(),
+                aside.display()
+            )
+        })?;
+        Ok(aside)
+    }
+
+    /// Whether this data directory last ran as a primary (then, before it follows another
+    /// primary, its history may have to be rewound).
+    pub fn was_primary(&self) -> bool {
+        self.data_dir.join(WAS_PRIMARY_FILE).exists()
+    }
+
+    /// Records whether the data directory runs as a primary.
+    pub fn set_was_primary(&self, primary: bool) -> Result<()> {
+        let path = self.data_dir.join(WAS_PRIMARY_FILE);
+        if primary {
+            if !path.exists() {
+                self.write_owned(&path, "")?;
+            }
+        } else if path.exists() {
+            std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+        }
+        Ok(())
     }
 
     /// `pg_basebackup` from `upstream`: a standby's data directory.
@@ -159,6 +244,8 @@ impl Server {
                 String::from_utf8_lossy(&output.stderr).trim()
             );
         }
+        // The copy carries the primary's marker: this one has never been a primary.
+        self.set_was_primary(false)?;
         self.write_base_config()
     }
 
@@ -200,10 +287,12 @@ impl Server {
              hot_standby = on\n\
              max_wal_senders = 10\n\
              max_replication_slots = 10\n\
-             wal_log_hints = on\n",
+             wal_log_hints = on\n\
+             wal_keep_size = '{}'\n",
             self.listen,
             self.port,
-            self.socket_dir.display()
+            self.socket_dir.display(),
+            self.wal_keep_size
         );
         if let (Role::Standby, Some(upstream)) = (role, upstream) {
             // The password is in a private passfile, never in the configuration.
