@@ -141,6 +141,9 @@ fn primary(term: u64) -> Desired {
         term,
         upstream: None,
         reason: "the test's primary".into(),
+        name: String::new(),
+        standbys: vec![],
+        synchronous: 0,
     }
 }
 
@@ -153,6 +156,9 @@ fn standby(term: u64, upstream: Option<&InstanceProcess>) -> Desired {
             port: u.port,
         }),
         reason: "the test's standby".into(),
+        name: String::new(),
+        standbys: vec![],
+        synchronous: 0,
     }
 }
 
@@ -247,7 +253,44 @@ async fn a_primary_and_a_standby_follow_the_agent_and_the_server_refuses_writes_
 
     // A standby from a base backup of the primary; it streams what comes next.
     let b = start(&root, "b", "60s");
-    wait_role(&b, Role::Standby, Some(&standby(1, Some(&a)))).await;
+    let mut b_standby = standby(1, Some(&a));
+    b_standby.name = "b".into();
+    wait_role(&b, Role::Standby, Some(&b_standby)).await;
+    // The primary keeps a slot for b and waits for it on every commit.
+    let mut a_primary = primary(1);
+    a_primary.name = "a".into();
+    a_primary.standbys = vec!["b".into()];
+    a_primary.synchronous = 1;
+    tell(&a, &a_primary).await;
+    let started = Instant::now();
+    loop {
+        tell(&b, &b_standby).await;
+        tell(&a, &a_primary).await;
+        let rows = writer
+            .query(
+                "SELECT r.sync_state::text FROM pg_stat_replication r JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE r.application_name = 'bulkhead_b' AND s.slot_name = 'bulkhead_b'",
+                &[],
+            )
+            .await
+            .unwrap();
+        if rows
+            .first()
+            .is_some_and(|r| r.get::<_, String>(0) == "quorum")
+        {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "b never streamed through its slot as a synchronous standby"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let names: String = writer
+        .query_one("SHOW synchronous_standby_names", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(names, "ANY 1 (bulkhead_b)");
     writer
         .batch_execute("INSERT INTO orders VALUES (3)")
         .await

@@ -51,6 +51,8 @@ pub struct RoleInput<'a> {
     pub failover_after: Duration,
     /// PostgreSQL's port in every instance.
     pub port: u16,
+    /// Standbys that must have a commit before the primary acknowledges it.
+    pub synchronous: u32,
 }
 
 /// What the agent does this round.
@@ -116,8 +118,15 @@ pub fn decide(input: &RoleInput<'_>) -> RoleDecision {
         host: i.host.to_string(),
         port: input.port,
     });
+    let standbys: Vec<String> = input
+        .instances
+        .iter()
+        .filter(|i| i.pod != primary)
+        .map(|i| i.pod.to_string())
+        .collect();
     let mut desired = vec![];
     for instance in input.instances {
+        let leads = instance.pod == primary && input.fenced.is_none();
         let (role, upstream, reason) = if instance.pod == primary {
             match input.fenced {
                 Some(why) => (Role::Standby, None, format!("fenced: {why}")),
@@ -137,6 +146,9 @@ pub fn decide(input: &RoleInput<'_>) -> RoleDecision {
                 term,
                 upstream,
                 reason,
+                name: instance.pod.to_string(),
+                standbys: if leads { standbys.clone() } else { vec![] },
+                synchronous: if leads { input.synchronous } else { 0 },
             },
         ));
     }
@@ -216,6 +228,7 @@ mod tests {
             primary_silent_for: silent.map(Duration::from_secs),
             failover_after: Duration::from_secs(10),
             port: 5432,
+            synchronous: 1,
         }
     }
 
@@ -273,6 +286,17 @@ mod tests {
                 ("db-2".into(), Role::Standby, Some("db-0".into()), 3),
             ]
         );
+        let RoleDecision::Tell { desired, .. } = &decision else {
+            unreachable!()
+        };
+        assert_eq!(
+            desired[0].1.standbys,
+            ["db-1", "db-2"],
+            "the primary keeps a slot each"
+        );
+        assert_eq!(desired[0].1.synchronous, 1);
+        assert_eq!(desired[1].1.name, "db-1");
+        assert!(desired[1].1.standbys.is_empty());
     }
 
     #[test]

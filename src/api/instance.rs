@@ -55,6 +55,38 @@ pub struct Desired {
     /// stale", "standby of db-0").
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reason: String,
+    /// This instance's name among the database's instances: a standby streams through
+    /// the replication slot of that name and names itself so to the primary (which
+    /// synchronous replication counts by).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    /// For a primary: the names of the standbys it keeps a replication slot for (WAL a
+    /// standby has not received yet is kept for it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub standbys: Vec<String>,
+    /// For a primary: how many standbys must have a commit before it is acknowledged
+    /// (`synchronous_standby_names = 'ANY n (...)'`; 0: asynchronous).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub synchronous: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// A name as PostgreSQL takes it for a replication slot and an application name: lower
+/// case letters, digits and underscores (`db-1` -> `db_1`).
+pub fn slot_name(instance: &str) -> String {
+    instance
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
+        .collect()
 }
 
 /// What an instance reports.
@@ -95,6 +127,11 @@ mod tests {
     use super::*;
 
     #[test]
+    fn slot_names_are_what_postgresql_takes() {
+        assert_eq!(slot_name("orders-db-1"), "orders_db_1");
+    }
+
+    #[test]
     fn lsns_compare_as_numbers() {
         assert_eq!(parse_lsn("0/0"), Some(0));
         assert_eq!(parse_lsn("16/B374D848"), Some((0x16 << 32) | 0xB374_D848));
@@ -113,6 +150,9 @@ mod tests {
                 port: 5432,
             }),
             reason: String::new(),
+            name: String::new(),
+            standbys: vec![],
+            synchronous: 0,
         };
         let text = serde_json::to_string(&desired).unwrap();
         assert_eq!(

@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use crate::api::instance::{Desired, InstanceStatus, Role, Upstream};
 use crate::hub::parse_duration;
 use postgres::Server;
+pub use postgres::Wanted;
 
 /// How often the instance compares what runs with what the agent wants.
 const TICK: Duration = Duration::from_secs(1);
@@ -222,16 +223,21 @@ impl Instance {
         Ok(status)
     }
 
-    /// The role to run now, and where a standby streams from: the agent's, or a standby
-    /// once the agent has been silent past the lease. None before the agent ever spoke.
-    fn effective(&self) -> Option<(Role, Option<Upstream>, bool)> {
+    /// What to run now: the agent's word, or a standby once the agent has been silent
+    /// past the lease (second: true). None before the agent ever spoke.
+    fn effective(&self) -> Option<(Wanted, bool)> {
         let state = self.lock();
         let desired = state.desired.as_ref()?;
         let fresh = state
             .heard_at
             .is_some_and(|at| at.elapsed() < self.agent_lease);
-        let role = if fresh { desired.role } else { Role::Standby };
-        Some((role, desired.upstream.clone(), !fresh))
+        let mut wanted = Wanted::from(desired);
+        if !fresh {
+            wanted.role = Role::Standby;
+            wanted.standbys.clear();
+            wanted.synchronous = 0;
+        }
+        Some((wanted, !fresh))
     }
 
     fn report(&self, change: impl FnOnce(&mut InstanceStatus)) {
@@ -241,9 +247,9 @@ impl Instance {
     /// Keeps PostgreSQL in the role the agent wants until `shutdown`.
     pub async fn supervise(&self, shutdown: CancellationToken) {
         let mut child: Option<Child> = None;
-        let mut running_as: Option<(Role, Option<Upstream>)> = None;
+        let mut running: Option<Wanted> = None;
         loop {
-            if let Err(error) = self.step(&mut child, &mut running_as).await {
+            if let Err(error) = self.step(&mut child, &mut running).await {
                 tracing::warn!(error = %format!("{error:#}"), "instance");
                 self.report(|s| s.message = format!("{error:#}"));
             }
@@ -258,16 +264,15 @@ impl Instance {
         }
     }
 
-    async fn step(
-        &self,
-        child: &mut Option<Child>,
-        running_as: &mut Option<(Role, Option<Upstream>)>,
-    ) -> Result<()> {
+    async fn step(&self, child: &mut Option<Child>, running: &mut Option<Wanted>) -> Result<()> {
         let effective = self.effective();
-        let lost = effective.as_ref().is_some_and(|(_, _, lost)| *lost);
+        let lost = effective.as_ref().is_some_and(|(_, lost)| *lost);
         self.report(|s| s.agent_lost = lost);
         if !self.server.initialized() {
-            match &effective {
+            match effective
+                .as_ref()
+                .map(|(w, lost)| (w.role, w.upstream.as_ref(), *lost))
+            {
                 Some((Role::Primary, _, false)) => {
                     self.report(|s| s.message = "initdb: a new database".into());
                     self.server.initdb().await?;
@@ -293,10 +298,13 @@ impl Instance {
             self.server.record_term(term)?;
         }
         // Until the agent speaks, an existing data directory runs as a standby.
-        let (role, upstream) = match &effective {
-            Some((role, upstream, _)) => (*role, upstream.clone()),
-            None => (Role::Standby, None),
-        };
+        let wanted = effective.map(|(w, _)| w).unwrap_or(Wanted {
+            role: Role::Standby,
+            upstream: None,
+            name: String::new(),
+            standbys: vec![],
+            synchronous: 0,
+        });
         let exited = match child.as_mut() {
             None => true,
             Some(c) => c.try_wait()?.is_some(),
@@ -306,15 +314,16 @@ impl Instance {
                 tracing::warn!("postgres exited; starting it again");
             }
             self.server.prepare_dirs()?;
-            if role == Role::Standby
-                && let Some(upstream) = &upstream
+            if wanted.role == Role::Standby
+                && let Some(upstream) = &wanted.upstream
                 && self.server.was_primary()
             {
                 self.follow(upstream).await?;
             }
-            self.server.configure(role, upstream.as_ref())?;
+            self.server.configure(&wanted)?;
             *child = Some(self.server.start(&self.log)?);
-            *running_as = Some((role, upstream.clone()));
+            let role = wanted.role;
+            *running = Some(wanted);
             self.report(|s| {
                 s.ready = false;
                 s.message = format!("starting postgres as {role}");
@@ -341,12 +350,16 @@ impl Instance {
             self.roles_ensured
                 .store(true, std::sync::atomic::Ordering::Relaxed);
         }
-        match (role, observed.role) {
+        match (wanted.role, observed.role) {
             (Role::Primary, Role::Standby) => {
                 tracing::info!("promoting (pg_promote)");
                 self.report(|s| s.message = "promoting".into());
+                // The settings a primary needs (synchronous standbys) before it takes
+                // its first write.
+                self.server.write_settings(&wanted)?;
+                client.batch_execute("SELECT pg_reload_conf()").await?;
                 Server::promote(&client).await?;
-                *running_as = Some((Role::Primary, None));
+                *running = Some(wanted.clone());
             }
             (Role::Standby, Role::Primary) => {
                 let why = if lost {
@@ -363,26 +376,28 @@ impl Instance {
                     s.message = format!("demoting: {why}");
                 });
                 drop(client);
-                if let Some(mut running) = child.take() {
-                    Server::stop(&mut running, Duration::from_secs(30)).await?;
+                if let Some(mut stopped) = child.take() {
+                    Server::stop(&mut stopped, Duration::from_secs(30)).await?;
                 }
-                if let Some(upstream) = &upstream {
+                if let Some(upstream) = &wanted.upstream {
                     self.follow(upstream).await?;
                 }
-                self.server.configure(Role::Standby, upstream.as_ref())?;
+                self.server.configure(&wanted)?;
                 *child = Some(self.server.start(&self.log)?);
-                *running_as = Some((Role::Standby, upstream));
+                *running = Some(wanted);
                 return Ok(());
             }
-            (Role::Standby, Role::Standby)
-                if running_as.as_ref().map(|(_, u)| u) != Some(&upstream) =>
-            {
-                // A new primary to follow: primary_conninfo reloads without a restart.
-                self.server.configure(Role::Standby, upstream.as_ref())?;
+            _ if running.as_ref() != Some(&wanted) => {
+                // Same role, other settings (a new primary to follow, other synchronous
+                // standbys): they reload without a restart.
+                self.server.write_settings(&wanted)?;
                 client.batch_execute("SELECT pg_reload_conf()").await?;
-                *running_as = Some((Role::Standby, upstream));
+                *running = Some(wanted.clone());
             }
             _ => {}
+        }
+        if observed.role == Role::Primary && wanted.role == Role::Primary {
+            self.server.ensure_slots(&client, &wanted.standbys).await?;
         }
         let observed = Server::observe(&client).await?;
         if observed.role == Role::Primary {

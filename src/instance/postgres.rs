@@ -51,6 +51,46 @@ pub struct Server {
     pub wal_keep_size: String,
 }
 
+/// What the instance runs: the agent's word as the server's settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Wanted {
+    pub role: Role,
+    pub upstream: Option<Upstream>,
+    /// The instance's name (its slot and application name come from it).
+    pub name: String,
+    /// For a primary: the standbys it keeps slots for.
+    pub standbys: Vec<String>,
+    /// For a primary: standbys that must have a commit before it is acknowledged.
+    pub synchronous: u32,
+}
+
+impl From<&crate::api::instance::Desired> for Wanted {
+    fn from(desired: &crate::api::instance::Desired) -> Self {
+        Wanted {
+            role: desired.role,
+            upstream: desired.upstream.clone(),
+            name: desired.name.clone(),
+            standbys: desired.standbys.clone(),
+            synchronous: desired.synchronous,
+        }
+    }
+}
+
+impl Wanted {
+    /// The replication slot (and application name) of this instance, when it has a name.
+    pub fn slot(&self) -> Option<String> {
+        (!self.name.is_empty()).then(|| slot(&self.name))
+    }
+}
+
+/// Prefix of the replication slots Bulkhead manages (others are left alone).
+pub const SLOT_PREFIX: &str = "bulkhead_";
+
+/// The replication slot of instance `name`.
+pub fn slot(name: &str) -> String {
+    format!("{SLOT_PREFIX}{}", crate::api::instance::slot_name(name))
+}
+
 /// What the server says about itself.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Observed {
@@ -276,9 +316,10 @@ impl Server {
         Ok(())
     }
 
-    /// Writes `bulkhead.conf` for `role` and, for a standby, `standby.signal` (PostgreSQL
-    /// starts in recovery while it exists).
-    pub fn configure(&self, role: Role, upstream: Option<&Upstream>) -> Result<()> {
+    /// Writes `bulkhead.conf` for `wanted` (a running server reads it on a reload).
+    pub fn write_settings(&self, wanted: &Wanted) -> Result<()> {
+        let role = wanted.role;
+        let upstream = wanted.upstream.as_ref();
         let mut conf = format!(
             "listen_addresses = '{}'\n\
              port = {}\n\
@@ -297,16 +338,37 @@ impl Server {
         if let (Role::Standby, Some(upstream)) = (role, upstream) {
             // The password is in a private passfile, never in the configuration.
             let passfile = self.passfile()?;
+            let name = wanted.slot().unwrap_or_else(|| "bulkhead".into());
             conf.push_str(&format!(
-                "primary_conninfo = 'host={} port={} user={REPLICATION_USER} passfile={} application_name=bulkhead connect_timeout=5'\n",
+                "primary_conninfo = 'host={} port={} user={REPLICATION_USER} passfile={} application_name={name} connect_timeout=5'\n",
                 upstream.host,
                 upstream.port,
                 passfile.display()
             ));
+            if let Some(slot) = wanted.slot() {
+                conf.push_str(&format!("primary_slot_name = '{slot}'\n"));
+            }
+        }
+        if role == Role::Primary && wanted.synchronous > 0 && !wanted.standbys.is_empty() {
+            let names: Vec<String> = wanted.standbys.iter().map(|s| slot(s)).collect();
+            conf.push_str(&format!(
+                "synchronous_standby_names = 'ANY {} ({})'\n",
+                (wanted.synchronous as usize).min(names.len()),
+                names.join(", ")
+            ));
         }
         self.write_owned(&self.data_dir.join("bulkhead.conf"), &conf)?;
+        Ok(())
+    }
+
+    /// [`Server::write_settings`], and for a standby `standby.signal` (PostgreSQL starts
+    /// in recovery while it exists), for a primary without it. Only for a stopped
+    /// server: a running standby's startup process removes the file itself when it is
+    /// promoted, and fails if it is gone.
+    pub fn configure(&self, wanted: &Wanted) -> Result<()> {
+        self.write_settings(wanted)?;
         let signal = self.data_dir.join("standby.signal");
-        match role {
+        match wanted.role {
             Role::Standby => self.write_owned(&signal, "")?,
             Role::Primary => {
                 let _ = std::fs::remove_file(&signal);
@@ -425,6 +487,44 @@ impl Server {
             format!("CREATE ROLE {REPLICATION_USER} WITH REPLICATION LOGIN PASSWORD {password}")
         };
         client.batch_execute(&statement).await?;
+        Ok(())
+    }
+
+    /// A physical replication slot for each of `standbys` (the WAL a standby has not
+    /// received is kept for it); Bulkhead's slots of instances no longer listed are
+    /// dropped when no standby uses them.
+    pub async fn ensure_slots(
+        &self,
+        client: &tokio_postgres::Client,
+        standbys: &[String],
+    ) -> Result<()> {
+        let wanted: Vec<String> = standbys.iter().map(|s| slot(s)).collect();
+        let rows = client
+            .query(
+                "SELECT slot_name::text, active FROM pg_replication_slots WHERE slot_type = 'physical' AND slot_name LIKE $1",
+                &[&format!("{SLOT_PREFIX}%")],
+            )
+            .await?;
+        let existing: Vec<(String, bool)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        for name in &wanted {
+            if !existing.iter().any(|(n, _)| n == name) {
+                client
+                    .execute(
+                        "SELECT pg_create_physical_replication_slot($1, true)",
+                        &[name],
+                    )
+                    .await
+                    .with_context(|| format!("creating replication slot {name}"))?;
+            }
+        }
+        for (name, active) in &existing {
+            if !active && !wanted.contains(name) {
+                client
+                    .execute("SELECT pg_drop_replication_slot($1)", &[name])
+                    .await
+                    .with_context(|| format!("dropping replication slot {name}"))?;
+            }
+        }
         Ok(())
     }
 
