@@ -5,7 +5,7 @@ LAB := e2e/lab
 CHART := charts/bulkhead
 HELM = $(shell e2e/k8s/build.sh --print)/helm
 
-.PHONY: demo test lint fmt crds crd-check chart-lint unit e2e chaos chaos-short lab-binaries lab-up lab-down build bench bench-lab
+.PHONY: demo test lint fmt crds crd-check chart-lint unit e2e chaos chaos-short setup lab-binaries lab-up lab-down build bench bench-lab
 
 ## demo: bring up the lab (hub + 3 members), install Bulkhead and show placement and health
 demo: lab-binaries
@@ -40,7 +40,9 @@ chart-lint: lab-binaries
 	$(HELM) template bulkhead $(CHART) -n bulkhead-system >/dev/null
 	$(HELM) template bulkhead $(CHART) -n bulkhead-system -f $(CHART)/ci/full-values.yaml >/dev/null
 
-unit:
+## unit: unit tests, and the crate's integration tests (tests/instance.rs runs real PostgreSQL,
+## which e2e/setup.sh installs when it is missing)
+unit: setup
 	$(CARGO) test --workspace --lib --bins
 	$(CARGO) test -p bulkhead --test '*'
 
@@ -66,8 +68,10 @@ chaos-short: lab-binaries
 build:
 	$(CARGO) build --workspace
 
-lab-binaries:
+setup:
 	e2e/setup.sh
+
+lab-binaries: setup
 	e2e/k8s/build.sh
 
 lab-up: lab-binaries
