@@ -162,6 +162,21 @@ fn standby(term: u64, upstream: Option<&InstanceProcess>) -> Desired {
     }
 }
 
+/// A client, or None while the server does not take connections (restarting).
+async fn try_client(instance: &InstanceProcess) -> Option<tokio_postgres::Client> {
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host("127.0.0.1")
+        .port(instance.port)
+        .user("postgres")
+        .password(SUPERUSER_PASSWORD)
+        .dbname("postgres")
+        .connect_timeout(Duration::from_secs(5));
+    let (client, connection) = config.connect(tokio_postgres::NoTls).await.ok()?;
+    tokio::spawn(connection);
+    Some(client)
+}
+
 /// Waits until the instance runs ready as `role`, saying the agent's word again every
 /// second as the agent does (so the lease stays fresh).
 async fn wait_role(instance: &InstanceProcess, role: Role, keep_telling: Option<&Desired>) {
@@ -188,17 +203,9 @@ async fn wait_role(instance: &InstanceProcess, role: Role, keep_telling: Option<
 }
 
 async fn client(instance: &InstanceProcess) -> tokio_postgres::Client {
-    let mut config = tokio_postgres::Config::new();
-    config
-        .host("127.0.0.1")
-        .port(instance.port)
-        .user("postgres")
-        .password(SUPERUSER_PASSWORD)
-        .dbname("postgres")
-        .connect_timeout(Duration::from_secs(5));
-    let (client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(connection);
-    client
+    try_client(instance)
+        .await
+        .expect("PostgreSQL takes connections")
 }
 
 fn sqlstate(error: &tokio_postgres::Error) -> Option<String> {
@@ -425,20 +432,22 @@ async fn an_old_primary_that_diverged_rewinds_and_follows_the_new_one() {
         .await
         .unwrap();
 
-    // A follows B: rewound, then streaming.
+    // A is fenced first (a standby with nothing to follow), then told to follow B:
+    // rewound, then streaming.
+    wait_role(&a, Role::Standby, Some(&standby(1, None))).await;
     wait_role(&a, Role::Standby, Some(&standby(2, Some(&b)))).await;
     on_b.batch_execute("INSERT INTO orders VALUES (300)")
         .await
         .unwrap();
     let started = Instant::now();
     loop {
-        let ids: Vec<i32> = match client(&a)
-            .await
-            .query("SELECT id FROM orders ORDER BY id", &[])
-            .await
-        {
-            Ok(rows) => rows.iter().map(|r| r.get(0)).collect(),
-            Err(_) => vec![],
+        // A restarts for its rewind: no connection for a moment.
+        let ids: Vec<i32> = match try_client(&a).await {
+            Some(on_a) => match on_a.query("SELECT id FROM orders ORDER BY id", &[]).await {
+                Ok(rows) => rows.iter().map(|r| r.get(0)).collect(),
+                Err(_) => vec![],
+            },
+            None => vec![],
         };
         if ids == [1, 2, 3, 200, 300] {
             break;

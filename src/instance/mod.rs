@@ -387,6 +387,24 @@ impl Instance {
                 *running = Some(wanted);
                 return Ok(());
             }
+            (Role::Standby, Role::Standby)
+                if wanted.upstream.is_some() && self.server.was_primary() =>
+            {
+                // A fenced old primary (a standby with nothing to follow) now told to
+                // follow another primary: its history may have diverged, so it stops and
+                // is rewound first, as a demotion would be.
+                drop(client);
+                if let Some(mut stopped) = child.take() {
+                    Server::stop(&mut stopped, Duration::from_secs(30)).await?;
+                }
+                if let Some(upstream) = &wanted.upstream {
+                    self.follow(upstream).await?;
+                }
+                self.server.configure(&wanted)?;
+                *child = Some(self.server.start(&self.log)?);
+                *running = Some(wanted);
+                return Ok(());
+            }
             _ if running.as_ref() != Some(&wanted) => {
                 // Same role, other settings (a new primary to follow, other synchronous
                 // standbys): they reload without a restart.
