@@ -407,6 +407,9 @@ async fn a_crashed_lab_is_cleaned_up_and_restarted_by_the_next_up() -> Result<()
         }
     })
     .await?;
+    // The crashed run also left a partition behind: the next `up` must not keep it (a
+    // stale rule cut the new lab's east off before its first join).
+    lab.partition("east")?;
     let started = Instant::now();
     let outcome = lab.up().await?;
     assert!(
@@ -414,6 +417,10 @@ async fn a_crashed_lab_is_cleaned_up_and_restarted_by_the_next_up() -> Result<()
         "up restarts a crashed lab, got {outcome:?}"
     );
     assert!(lab.is_running().await, "every process and API server back");
+    assert!(
+        !lab::firewall::is_partitioned("east")?,
+        "the crashed lab's partition of east must be cleared by the next up"
+    );
     eprintln!(
         "crashed lab cleaned up and restarted in {:?}",
         started.elapsed()

@@ -407,6 +407,9 @@ impl Lab {
         if self.is_running().await {
             return Ok(UpOutcome::AlreadyRunning);
         }
+        // A partition left by a lab that was killed (and its directory removed) would cut
+        // the new lab's member off from its first request: clear this lab's rules always.
+        firewall::clear_all()?;
         if self.root.exists() || !procs::find_lab_processes(&self.root).is_empty() {
             eprintln!(
                 "lab: cleaning up a stopped, crashed or half-started lab in {}",
