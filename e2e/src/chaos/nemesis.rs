@@ -261,6 +261,11 @@ pub struct Nemesis<'a> {
     pub work_dir: PathBuf,
     network: NetworkCuts,
     templates: std::sync::Mutex<BTreeMap<TemplateRef, TemplateState>>,
+    /// Held through an API server restart, from the kill until the member's components
+    /// run again: the plan keeps restarts apart by their planned durations, but bringing
+    /// a server back takes longer than planned, and a second restart thrown meanwhile
+    /// found no server to kill (a run ended without a verdict so).
+    apiserver_restart: tokio::sync::Mutex<()>,
 }
 
 impl<'a> Nemesis<'a> {
@@ -284,6 +289,7 @@ impl<'a> Nemesis<'a> {
             work_dir,
             network: NetworkCuts::default(),
             templates: Default::default(),
+            apiserver_restart: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -297,6 +303,21 @@ impl<'a> Nemesis<'a> {
     ) -> Result<()> {
         tokio::time::sleep_until((start + planned.start).into()).await;
         let fault = planned.fault.to_string();
+        // An API server restart waits for the one still being undone (it begins late).
+        let _restart = match planned.fault {
+            Fault::RestartApiserver { .. } => {
+                let waited = Instant::now();
+                let guard = self.apiserver_restart.lock().await;
+                if waited.elapsed() > Duration::from_millis(100) {
+                    self.timeline.note(format!(
+                        "fault #{number} ({fault}) begins {:.1} s late: the previous API server restart was still being undone",
+                        waited.elapsed().as_secs_f64()
+                    ));
+                }
+                Some(guard)
+            }
+            _ => None,
+        };
         self.timeline.record(Event::FaultStarted {
             number,
             fault: fault.clone(),
