@@ -1,18 +1,24 @@
 //! The children of a MyDatabase, as pure functions of its spec and the read-only state.
 //!
-//! Read-only mode never touches the StatefulSet's pod template, so entering or leaving it
-//! restarts no pod: it switches the read-write Service's selector to one no pod matches
-//! and renders `default_transaction_read_only = on` in the ConfigMap.
+//! Each pod runs `bulkhead instance` (copied from the agent's image by an init container)
+//! as the database container's entrypoint: it owns PostgreSQL and takes its role
+//! (primary or hot standby) from the agent (`instances.rs`). The agent labels each pod
+//! with its role; the Services select by that label. Read-only mode never touches the
+//! StatefulSet's pod template, so entering or leaving it restarts no pod: the read-write
+//! Services switch to a selector no pod matches at once, and the agent demotes the
+//! primary (the server itself then refuses writes).
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::{
     StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
     StatefulSetUpdateStrategy,
 };
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, ExecAction,
-    PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSpec, PodTemplateSpec, Probe, Service,
+    Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction,
+    ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSecurityContext,
+    PodSpec, PodTemplateSpec, Probe, Secret, SecretVolumeSource, SecurityContext, Service,
     ServicePort, ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -21,16 +27,34 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
 
 use crate::api::MyDatabase;
+use crate::api::instance::{INSTANCE_PORT, Role};
 
 /// Label every pod, PVC and child of a database carries: its name.
 pub const LABEL_DATABASE: &str = "example.com/database";
-/// Label only a writable replica would carry. No pod carries it; the read-write Service
-/// selects it while read-only, which leaves it without endpoints and restarts nothing.
+/// Label only a writable replica would carry. No pod carries it; the read-write Services
+/// select it while read-only, which leaves them without endpoints at once (before the
+/// primary is demoted) and restarts nothing.
 pub const LABEL_ACCEPTS_WRITES: &str = "example.com/accepts-writes";
+/// The role the agent gave a pod: `primary` or `standby` (set by the agent on the pod).
+pub const LABEL_ROLE: &str = "example.com/role";
 /// Default image repository; the tag is always `spec.version`.
 pub const DEFAULT_IMAGE: &str = "postgres";
 /// PostgreSQL's port.
 pub const POSTGRES_PORT: i32 = 5432;
+/// The user id PostgreSQL runs as in the `postgres` images.
+pub const POSTGRES_UID: i64 = 999;
+/// Where the init container puts the `bulkhead` binary for the database container.
+pub const CONTROLLER_DIR: &str = "/controller";
+/// Where the instance Secret is mounted.
+pub const INSTANCE_SECRET_DIR: &str = "/etc/bulkhead/instance";
+/// Where the application Secret is mounted.
+pub const APP_SECRET_DIR: &str = "/etc/bulkhead/app";
+/// The data volume's mount path and the data directory in it.
+pub const DATA_MOUNT: &str = "/var/lib/postgresql/data";
+pub const PGDATA: &str = "/var/lib/postgresql/data/pgdata";
+/// The application user and database every MyDatabase gets (in the `<name>-app` Secret).
+pub const APP_USER: &str = "app";
+pub const APP_DATABASE: &str = "app";
 
 /// Why a database is read-only, if it is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +71,14 @@ impl ReadOnlyReason {
         match self {
             ReadOnlyReason::Requested => "Requested",
             ReadOnlyReason::HubUnreachable => "HubUnreachable",
+        }
+    }
+
+    /// In words, for the instances' status.
+    pub fn words(self) -> &'static str {
+        match self {
+            ReadOnlyReason::Requested => "spec.readOnly is true",
+            ReadOnlyReason::HubUnreachable => "the hub's lease is stale",
         }
     }
 }
@@ -67,16 +99,40 @@ pub fn read_only_reason(database: &MyDatabase, fenced: bool) -> Option<ReadOnlyR
 pub fn headless_service_name(database: &str) -> String {
     format!("{database}-headless")
 }
+pub fn read_write_service_name(database: &str) -> String {
+    format!("{database}-rw")
+}
 pub fn read_only_service_name(database: &str) -> String {
     format!("{database}-ro")
 }
-pub fn config_map_name(database: &str) -> String {
+pub fn any_instance_service_name(database: &str) -> String {
+    format!("{database}-r")
+}
+/// The ConfigMap older agents rendered (`default_transaction_read_only`); deleted now.
+pub fn legacy_config_map_name(database: &str) -> String {
     format!("{database}-config")
+}
+/// Passwords of `postgres` and `streaming_replica`, and the token only the agent and the
+/// instances know.
+pub fn instance_secret_name(database: &str) -> String {
+    format!("{database}-instance")
+}
+/// The application's credentials, as CloudNativePG names them.
+pub fn app_secret_name(database: &str) -> String {
+    format!("{database}-app")
 }
 
 /// Labels selecting the database's pods.
 pub fn selector_labels(database: &MyDatabase) -> BTreeMap<String, String> {
     BTreeMap::from([(LABEL_DATABASE.to_string(), database.name_any())])
+}
+
+/// The label value of a role.
+pub fn role_label(role: Role) -> &'static str {
+    match role {
+        Role::Primary => "primary",
+        Role::Standby => "standby",
+    }
 }
 
 fn child_labels(database: &MyDatabase) -> BTreeMap<String, String> {
@@ -112,55 +168,126 @@ pub fn image(database: &MyDatabase) -> String {
     format!("{repository}:{}", database.spec.version)
 }
 
+/// What the agent's own settings put into every database pod.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodSettings {
+    /// The image holding the `bulkhead` binary (the agent's own image), copied into each
+    /// database pod by an init container.
+    pub instance_image: String,
+    /// A primary whose agent has been silent this long demotes itself: the agent's lease.
+    pub agent_lease_seconds: f64,
+}
+
+impl Default for PodSettings {
+    fn default() -> Self {
+        PodSettings {
+            instance_image: crate::api::DEFAULT_IMAGE.to_string(),
+            agent_lease_seconds: 10.0,
+        }
+    }
+}
+
+fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::String("instance".into()),
+            ..Default::default()
+        }),
+        period_seconds: Some(period),
+        timeout_seconds: Some(2),
+        failure_threshold: Some(failures),
+        ..Default::default()
+    }
+}
+
+fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: read_only.then_some(true),
+        ..Default::default()
+    }
+}
+
+fn secret_volume(name: &str, secret: String) -> Volume {
+    Volume {
+        name: name.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret),
+            // Readable by PostgreSQL's group (fsGroup) only.
+            default_mode: Some(0o440),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 /// The StatefulSet running the database.
-pub fn statefulset(database: &MyDatabase) -> StatefulSet {
+pub fn statefulset(database: &MyDatabase, settings: &PodSettings) -> StatefulSet {
     let name = database.name_any();
     let labels = child_labels(database);
+    let binary = format!("{CONTROLLER_DIR}/bulkhead");
+    let bootstrap = Container {
+        name: "bootstrap".into(),
+        image: Some(settings.instance_image.clone()),
+        command: Some(vec![
+            "bulkhead".into(),
+            "copy-binary".into(),
+            binary.clone(),
+        ]),
+        volume_mounts: Some(vec![mount("controller", CONTROLLER_DIR, false)]),
+        security_context: Some(container_security()),
+        ..Default::default()
+    };
     let container = Container {
         name: "postgres".into(),
         image: Some(image(database)),
-        args: Some(vec![
-            "-c".into(),
-            "config_file=/etc/postgresql/postgresql.conf".into(),
+        command: Some(vec![
+            binary,
+            "instance".into(),
+            format!("--pgdata={PGDATA}"),
+            format!("--secrets-dir={INSTANCE_SECRET_DIR}"),
+            format!("--app-secret-dir={APP_SECRET_DIR}"),
+            format!("--socket-dir={CONTROLLER_DIR}/run"),
+            format!("--port={POSTGRES_PORT}"),
+            format!("--api-address=0.0.0.0:{INSTANCE_PORT}"),
+            format!("--agent-lease={}s", settings.agent_lease_seconds),
         ]),
         env: Some(vec![EnvVar {
-            name: "PGDATA".into(),
-            value: Some("/var/lib/postgresql/data/pgdata".into()),
-            ..Default::default()
-        }]),
-        ports: Some(vec![ContainerPort {
-            name: Some("postgres".into()),
-            container_port: POSTGRES_PORT,
-            ..Default::default()
-        }]),
-        readiness_probe: Some(Probe {
-            exec: Some(ExecAction {
-                command: Some(vec![
-                    "pg_isready".into(),
-                    "-h".into(),
-                    "127.0.0.1".into(),
-                    "-p".into(),
-                    "5432".into(),
-                ]),
+            name: "POD_NAME".into(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "metadata.name".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
             }),
-            period_seconds: Some(5),
-            timeout_seconds: Some(3),
-            failure_threshold: Some(3),
             ..Default::default()
-        }),
+        }]),
+        ports: Some(vec![
+            ContainerPort {
+                name: Some("postgres".into()),
+                container_port: POSTGRES_PORT,
+                ..Default::default()
+            },
+            ContainerPort {
+                name: Some("instance".into()),
+                container_port: i32::from(INSTANCE_PORT),
+                ..Default::default()
+            },
+        ]),
+        // Ready: PostgreSQL accepts connections (as primary or standby).
+        readiness_probe: Some(http_probe("/readyz", 2, 3)),
+        // The instance manager answers; PostgreSQL's own restarts are its business.
+        liveness_probe: Some(http_probe("/healthz", 10, 6)),
         resources: database.spec.resources.clone(),
+        security_context: Some(container_security()),
         volume_mounts: Some(vec![
-            VolumeMount {
-                name: "data".into(),
-                mount_path: "/var/lib/postgresql/data".into(),
-                ..Default::default()
-            },
-            VolumeMount {
-                name: "config".into(),
-                mount_path: "/etc/postgresql".into(),
-                read_only: Some(true),
-                ..Default::default()
-            },
+            mount("data", DATA_MOUNT, false),
+            mount("controller", CONTROLLER_DIR, false),
+            mount("instance-secret", INSTANCE_SECRET_DIR, true),
+            mount("app-secret", APP_SECRET_DIR, true),
         ]),
         ..Default::default()
     };
@@ -173,7 +300,8 @@ pub fn statefulset(database: &MyDatabase) -> StatefulSet {
                 match_labels: Some(selector_labels(database)),
                 ..Default::default()
             },
-            // Replicas start one after another, each Ready before the next.
+            // Replicas start one after another, each Ready before the next: a standby's
+            // base backup needs a running primary.
             pod_management_policy: Some("OrderedReady".into()),
             revision_history_limit: Some(5),
             update_strategy: Some(StatefulSetUpdateStrategy {
@@ -198,15 +326,28 @@ pub fn statefulset(database: &MyDatabase) -> StatefulSet {
                     ..Default::default()
                 }),
                 spec: Some(PodSpec {
+                    init_containers: Some(vec![bootstrap]),
                     containers: vec![container],
-                    volumes: Some(vec![Volume {
-                        name: "config".into(),
-                        config_map: Some(ConfigMapVolumeSource {
-                            name: config_map_name(&name),
+                    security_context: Some(PodSecurityContext {
+                        fs_group: Some(POSTGRES_UID),
+                        run_as_non_root: Some(true),
+                        seccomp_profile: Some(k8s_openapi::api::core::v1::SeccompProfile {
+                            type_: "RuntimeDefault".into(),
                             ..Default::default()
                         }),
                         ..Default::default()
-                    }]),
+                    }),
+                    // A fast shutdown of PostgreSQL fits well inside this.
+                    termination_grace_period_seconds: Some(30),
+                    volumes: Some(vec![
+                        Volume {
+                            name: "controller".into(),
+                            empty_dir: Some(EmptyDirVolumeSource::default()),
+                            ..Default::default()
+                        },
+                        secret_volume("instance-secret", instance_secret_name(&name)),
+                        secret_volume("app-secret", app_secret_name(&name)),
+                    ]),
                     ..Default::default()
                 }),
             },
@@ -238,6 +379,21 @@ pub fn statefulset(database: &MyDatabase) -> StatefulSet {
             ..Default::default()
         }),
         status: None,
+    }
+}
+
+/// The `restricted` Pod Security level's container settings, as PostgreSQL's user.
+fn container_security() -> SecurityContext {
+    SecurityContext {
+        run_as_user: Some(POSTGRES_UID),
+        run_as_group: Some(POSTGRES_UID),
+        run_as_non_root: Some(true),
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(k8s_openapi::api::core::v1::Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            ..Default::default()
+        }),
+        ..Default::default()
     }
 }
 
@@ -276,57 +432,108 @@ pub fn headless_service(database: &MyDatabase) -> Service {
     )
 }
 
-/// The read-write Service `<name>`: every ready replica, or none while read-only.
-pub fn read_write_service(database: &MyDatabase, read_only: Option<ReadOnlyReason>) -> Service {
+/// The read-write Services, `<name>-rw` and `<name>` (kept for clients of older
+/// versions): the primary only, and none while read-only.
+pub fn read_write_services(
+    database: &MyDatabase,
+    read_only: Option<ReadOnlyReason>,
+) -> [Service; 2] {
     let mut selector = selector_labels(database);
+    selector.insert(LABEL_ROLE.into(), role_label(Role::Primary).into());
     if read_only.is_some() {
         selector.insert(LABEL_ACCEPTS_WRITES.to_string(), "true".to_string());
     }
-    service(database, database.name_any(), selector, false)
+    let name = database.name_any();
+    [
+        service(
+            database,
+            read_write_service_name(&name),
+            selector.clone(),
+            false,
+        ),
+        service(database, name, selector, false),
+    ]
 }
 
-/// The read-only Service `<name>-ro`: every ready replica, always.
+/// The read-only Service `<name>-ro`: the standbys (a fenced database's every instance).
 pub fn read_only_service(database: &MyDatabase) -> Service {
+    let mut selector = selector_labels(database);
+    selector.insert(LABEL_ROLE.into(), role_label(Role::Standby).into());
     service(
         database,
         read_only_service_name(&database.name_any()),
+        selector,
+        false,
+    )
+}
+
+/// `<name>-r`: any ready instance, for reads that may go to the primary too.
+pub fn any_instance_service(database: &MyDatabase) -> Service {
+    service(
+        database,
+        any_instance_service_name(&database.name_any()),
         selector_labels(database),
         false,
     )
 }
 
-/// The PostgreSQL settings rendered into the ConfigMap.
-pub fn postgresql_conf(database: &MyDatabase, read_only: Option<ReadOnlyReason>) -> String {
-    let mode = if read_only.is_some() { "on" } else { "off" };
-    let reason = match read_only {
-        Some(reason) => format!("read-only: {}", reason.as_str()),
-        None => "read-write".to_string(),
-    };
-    format!(
-        "# Managed by bulkhead-agent for MyDatabase {name}; edits are reverted.\n\
-         # Mode: {reason}\n\
-         listen_addresses = '*'\n\
-         port = {port}\n\
-         max_connections = 100\n\
-         shared_buffers = 128MB\n\
-         wal_level = replica\n\
-         hot_standby = on\n\
-         default_transaction_read_only = {mode}\n",
-        name = database.name_any(),
-        port = POSTGRES_PORT,
+/// A random password or token: 32 URL-safe characters.
+pub fn random_secret() -> String {
+    use base64::Engine;
+    let mut bytes = [0u8; 24];
+    getrandom::fill(&mut bytes).expect("the operating system's random source");
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+fn secret(database: &MyDatabase, name: String, data: BTreeMap<String, String>) -> Secret {
+    Secret {
+        metadata: metadata(database, name),
+        type_: Some("Opaque".into()),
+        data: Some(
+            data.into_iter()
+                .map(|(k, v)| (k, ByteString(v.into_bytes())))
+                .collect(),
+        ),
+        ..Default::default()
+    }
+}
+
+/// The instance Secret, made once with new random values (the agent never overwrites an
+/// existing one: the data directories hold these passwords).
+pub fn instance_secret(database: &MyDatabase) -> Secret {
+    secret(
+        database,
+        instance_secret_name(&database.name_any()),
+        BTreeMap::from([
+            ("superuser-password".into(), random_secret()),
+            ("replication-password".into(), random_secret()),
+            ("token".into(), random_secret()),
+        ]),
     )
 }
 
-/// The ConfigMap `<name>-config` holding `postgresql.conf`.
-pub fn config_map(database: &MyDatabase, read_only: Option<ReadOnlyReason>) -> ConfigMap {
-    ConfigMap {
-        metadata: metadata(database, config_map_name(&database.name_any())),
-        data: Some(BTreeMap::from([(
-            "postgresql.conf".to_string(),
-            postgresql_conf(database, read_only),
-        )])),
-        ..Default::default()
-    }
+/// The application Secret `<name>-app` (keys `username`, `password`, `dbname`, `host`,
+/// `port`, `uri`), made once: `host` is the read-write Service.
+pub fn app_secret(database: &MyDatabase) -> Secret {
+    let name = database.name_any();
+    let namespace = database.namespace().unwrap_or_default();
+    let password = random_secret();
+    let host = format!("{}.{namespace}.svc", read_write_service_name(&name));
+    secret(
+        database,
+        app_secret_name(&name),
+        BTreeMap::from([
+            ("username".into(), APP_USER.into()),
+            ("password".into(), password.clone()),
+            ("dbname".into(), APP_DATABASE.into()),
+            ("host".into(), host.clone()),
+            ("port".into(), POSTGRES_PORT.to_string()),
+            (
+                "uri".into(),
+                format!("postgresql://{APP_USER}:{password}@{host}:{POSTGRES_PORT}/{APP_DATABASE}"),
+            ),
+        ]),
+    )
 }
 
 /// The storage size an existing StatefulSet's claim template asks for.
@@ -393,21 +600,33 @@ mod tests {
         })
     }
 
+    fn settings() -> PodSettings {
+        PodSettings {
+            instance_image: "registry.local/bulkhead:1.2.3".into(),
+            agent_lease_seconds: 10.0,
+        }
+    }
+
     #[test]
     fn statefulset_matches_the_golden_expectation() {
-        let sts = statefulset(&orders());
+        let sts = statefulset(&orders(), &settings());
+        let labels = serde_json::json!({
+            "app.kubernetes.io/instance": "orders",
+            "app.kubernetes.io/managed-by": "bulkhead-agent",
+            "app.kubernetes.io/name": "postgresql",
+            "example.com/database": "orders"
+        });
+        let security = serde_json::json!({
+            "runAsUser": 999, "runAsGroup": 999, "runAsNonRoot": true,
+            "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}
+        });
         let expected: serde_json::Value = serde_json::json!({
             "apiVersion": "apps/v1",
             "kind": "StatefulSet",
             "metadata": {
                 "name": "orders",
                 "namespace": "shop",
-                "labels": {
-                    "app.kubernetes.io/instance": "orders",
-                    "app.kubernetes.io/managed-by": "bulkhead-agent",
-                    "app.kubernetes.io/name": "postgresql",
-                    "example.com/database": "orders"
-                },
+                "labels": labels,
                 "ownerReferences": [{"apiVersion": "example.com/v1", "kind": "MyDatabase", "name": "orders", "uid": "uid-1", "controller": true}]
             },
             "spec": {
@@ -419,29 +638,56 @@ mod tests {
                 "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain", "whenScaled": "Retain"},
                 "selector": {"matchLabels": {"example.com/database": "orders"}},
                 "template": {
-                    "metadata": {"labels": {
-                        "app.kubernetes.io/instance": "orders",
-                        "app.kubernetes.io/managed-by": "bulkhead-agent",
-                        "app.kubernetes.io/name": "postgresql",
-                        "example.com/database": "orders"
-                    }},
+                    "metadata": {"labels": labels},
                     "spec": {
+                        "initContainers": [{
+                            "name": "bootstrap",
+                            "image": "registry.local/bulkhead:1.2.3",
+                            "command": ["bulkhead", "copy-binary", "/controller/bulkhead"],
+                            "securityContext": security,
+                            "volumeMounts": [{"name": "controller", "mountPath": "/controller"}]
+                        }],
                         "containers": [{
                             "name": "postgres",
                             "image": "postgres:16",
-                            "args": ["-c", "config_file=/etc/postgresql/postgresql.conf"],
-                            "env": [{"name": "PGDATA", "value": "/var/lib/postgresql/data/pgdata"}],
-                            "ports": [{"name": "postgres", "containerPort": 5432}],
+                            "command": [
+                                "/controller/bulkhead", "instance",
+                                "--pgdata=/var/lib/postgresql/data/pgdata",
+                                "--secrets-dir=/etc/bulkhead/instance",
+                                "--app-secret-dir=/etc/bulkhead/app",
+                                "--socket-dir=/controller/run",
+                                "--port=5432",
+                                "--api-address=0.0.0.0:8000",
+                                "--agent-lease=10s"
+                            ],
+                            "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+                            "ports": [
+                                {"name": "postgres", "containerPort": 5432},
+                                {"name": "instance", "containerPort": 8000}
+                            ],
                             "readinessProbe": {
-                                "exec": {"command": ["pg_isready", "-h", "127.0.0.1", "-p", "5432"]},
-                                "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 3
+                                "httpGet": {"path": "/readyz", "port": "instance"},
+                                "periodSeconds": 2, "timeoutSeconds": 2, "failureThreshold": 3
                             },
+                            "livenessProbe": {
+                                "httpGet": {"path": "/healthz", "port": "instance"},
+                                "periodSeconds": 10, "timeoutSeconds": 2, "failureThreshold": 6
+                            },
+                            "securityContext": security,
                             "volumeMounts": [
                                 {"name": "data", "mountPath": "/var/lib/postgresql/data"},
-                                {"name": "config", "mountPath": "/etc/postgresql", "readOnly": true}
+                                {"name": "controller", "mountPath": "/controller"},
+                                {"name": "instance-secret", "mountPath": "/etc/bulkhead/instance", "readOnly": true},
+                                {"name": "app-secret", "mountPath": "/etc/bulkhead/app", "readOnly": true}
                             ]
                         }],
-                        "volumes": [{"name": "config", "configMap": {"name": "orders-config"}}]
+                        "securityContext": {"fsGroup": 999, "runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+                        "terminationGracePeriodSeconds": 30,
+                        "volumes": [
+                            {"name": "controller", "emptyDir": {}},
+                            {"name": "instance-secret", "secret": {"secretName": "orders-instance", "defaultMode": 288}},
+                            {"name": "app-secret", "secret": {"secretName": "orders-app", "defaultMode": 288}}
+                        ]
                     }
                 },
                 "volumeClaimTemplates": [{
@@ -460,7 +706,7 @@ mod tests {
     /// finalizer and the reuse step find the claims by `example.com/database=<name>`.
     #[test]
     fn claims_created_from_the_template_carry_the_database_label() {
-        let sts = statefulset(&orders());
+        let sts = statefulset(&orders(), &settings());
         let spec = sts.spec.unwrap();
         let template = &spec.volume_claim_templates.as_ref().unwrap()[0];
         assert_eq!(template.metadata.name.as_deref(), Some("data"));
@@ -480,7 +726,7 @@ mod tests {
     fn the_statefulset_never_deletes_a_claim() {
         let mut db = orders();
         db.spec.storage.reclaim_policy = crate::api::mydatabase::ReclaimPolicy::Delete;
-        let policy = statefulset(&db)
+        let policy = statefulset(&db, &settings())
             .spec
             .unwrap()
             .persistent_volume_claim_retention_policy
@@ -501,7 +747,7 @@ mod tests {
             },
             ..Default::default()
         });
-        let sts = statefulset(&db);
+        let sts = statefulset(&db, &settings());
         let spec = sts.spec.unwrap();
         assert_eq!(
             spec.template.spec.unwrap().containers[0].image.as_deref(),
@@ -523,8 +769,12 @@ mod tests {
         );
     }
 
+    fn selector(service: &Service) -> BTreeMap<String, String> {
+        service.spec.as_ref().unwrap().selector.clone().unwrap()
+    }
+
     #[test]
-    fn services_select_the_database_pods() {
+    fn services_select_by_the_role_the_agent_labels_each_pod_with() {
         let db = orders();
         let headless = headless_service(&db);
         assert_eq!(headless.metadata.name.as_deref(), Some("orders-headless"));
@@ -532,18 +782,25 @@ mod tests {
             headless.spec.as_ref().unwrap().cluster_ip.as_deref(),
             Some("None")
         );
-        let rw = read_write_service(&db, None);
-        assert_eq!(rw.metadata.name.as_deref(), Some("orders"));
+        let primary = BTreeMap::from([
+            (LABEL_DATABASE.to_string(), "orders".to_string()),
+            (LABEL_ROLE.to_string(), "primary".to_string()),
+        ]);
+        let [rw, legacy] = read_write_services(&db, None);
+        assert_eq!(rw.metadata.name.as_deref(), Some("orders-rw"));
+        assert_eq!(selector(&rw), primary);
         assert_eq!(
-            rw.spec.as_ref().unwrap().selector.as_ref().unwrap(),
-            &selector_labels(&db)
+            legacy.metadata.name.as_deref(),
+            Some("orders"),
+            "`<name>` keeps working as the read-write Service"
         );
+        assert_eq!(selector(&legacy), primary);
         let ro = read_only_service(&db);
         assert_eq!(ro.metadata.name.as_deref(), Some("orders-ro"));
-        assert_eq!(
-            ro.spec.as_ref().unwrap().selector.as_ref().unwrap(),
-            &selector_labels(&db)
-        );
+        assert_eq!(selector(&ro)[LABEL_ROLE], "standby");
+        let any = any_instance_service(&db);
+        assert_eq!(any.metadata.name.as_deref(), Some("orders-r"));
+        assert_eq!(selector(&any), selector_labels(&db));
         assert_eq!(
             ro.spec.as_ref().unwrap().ports.as_ref().unwrap()[0].port,
             5432
@@ -551,16 +808,18 @@ mod tests {
     }
 
     #[test]
-    fn read_only_empties_the_read_write_service_and_changes_no_pod_template() {
+    fn read_only_empties_the_read_write_services_and_changes_no_pod_template() {
         let db = orders();
-        let rw = read_write_service(&db, Some(ReadOnlyReason::HubUnreachable));
-        let selector = rw.spec.unwrap().selector.unwrap();
-        assert_eq!(
-            selector.get(LABEL_ACCEPTS_WRITES).map(String::as_str),
-            Some("true")
-        );
+        for rw in read_write_services(&db, Some(ReadOnlyReason::HubUnreachable)) {
+            assert_eq!(
+                selector(&rw).get(LABEL_ACCEPTS_WRITES).map(String::as_str),
+                Some("true"),
+                "{:?}",
+                rw.metadata.name
+            );
+        }
         // No pod carries the label, so the selector matches nothing...
-        let pod_labels = statefulset(&db)
+        let pod_labels = statefulset(&db, &settings())
             .spec
             .unwrap()
             .template
@@ -569,34 +828,57 @@ mod tests {
             .labels
             .unwrap();
         assert!(!pod_labels.contains_key(LABEL_ACCEPTS_WRITES));
+        assert!(
+            !pod_labels.contains_key(LABEL_ROLE),
+            "the role is the agent's label on each pod, never the template's"
+        );
         // ...and the StatefulSet does not depend on read-only at all (no pod restarts).
         let mut read_only_spec = db.clone();
         read_only_spec.spec.read_only = true;
-        assert_eq!(statefulset(&db), statefulset(&read_only_spec));
-        // The read-only Service keeps selecting every replica.
+        assert_eq!(
+            statefulset(&db, &settings()),
+            statefulset(&read_only_spec, &settings())
+        );
         assert_eq!(read_only_service(&read_only_spec), read_only_service(&db));
     }
 
-    #[test]
-    fn config_map_renders_the_transaction_mode() {
-        let db = orders();
-        let writable = config_map(&db, None).data.unwrap()["postgresql.conf"].clone();
-        assert!(
-            writable.contains("default_transaction_read_only = off\n"),
-            "{writable}"
-        );
-        let fenced = config_map(&db, Some(ReadOnlyReason::HubUnreachable))
+    fn secret_data(secret: &Secret) -> BTreeMap<String, String> {
+        secret
             .data
-            .unwrap()["postgresql.conf"]
-            .clone();
-        assert!(
-            fenced.contains("default_transaction_read_only = on\n"),
-            "{fenced}"
-        );
-        assert!(fenced.contains("read-only: HubUnreachable"));
+            .clone()
+            .unwrap()
+            .into_iter()
+            .map(|(k, v)| (k, String::from_utf8(v.0).unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn the_secrets_hold_fresh_random_credentials_and_the_app_uri_names_the_rw_service() {
+        let db = orders();
+        let instance = secret_data(&instance_secret(&db));
         assert_eq!(
-            config_map(&db, None).metadata.name.as_deref(),
-            Some("orders-config")
+            instance.keys().collect::<Vec<_>>(),
+            ["replication-password", "superuser-password", "token"]
+        );
+        assert_ne!(instance["token"], instance["superuser-password"]);
+        assert_eq!(instance["token"].len(), 32);
+        assert_ne!(
+            secret_data(&instance_secret(&db))["token"],
+            instance["token"],
+            "each Secret made is new"
+        );
+        let app = secret_data(&app_secret(&db));
+        assert_eq!(app["username"], "app");
+        assert_eq!(app["dbname"], "app");
+        assert_eq!(app["host"], "orders-rw.shop.svc");
+        assert_eq!(app["port"], "5432");
+        assert_eq!(
+            app["uri"],
+            format!("postgresql://app:{}@orders-rw.shop.svc:5432/app", app["password"])
+        );
+        assert_eq!(
+            app_secret(&db).metadata.name.as_deref(),
+            Some("orders-app")
         );
     }
 
@@ -622,7 +904,7 @@ mod tests {
     #[test]
     fn storage_change_is_detected_against_the_existing_claim_template() {
         let db = orders();
-        let existing = statefulset(&db);
+        let existing = statefulset(&db, &settings());
         assert_eq!(storage_change(&db, &existing), None);
         let mut bigger = db.clone();
         bigger.spec.storage.size = "2Gi".into();

@@ -4,10 +4,13 @@
 //! - `status`: its status (pure);
 //! - `fence`: the hub-lease watcher that decides whether this member is fenced;
 //! - `volumes`: what a deletion does with the volumes, and their reuse (pure);
+//! - `roles`: which instance of a database is its primary (pure);
+//! - `instances`: asks and tells each database pod's instance manager, every round;
 //! - `reconciler`: read -> build -> apply -> report.
 
 pub mod builders;
 pub mod fence;
+pub mod instances;
 pub mod reconciler;
 pub mod roles;
 pub mod status;
@@ -65,6 +68,14 @@ pub struct AgentOptions {
     /// webhook configurations into this cluster (the webhook flags below apply).
     #[arg(long)]
     pub webhook: bool,
+    /// The image holding the `bulkhead` binary, copied into every database pod by an init
+    /// container to run `bulkhead instance` (default: this version's Bulkhead image).
+    #[arg(long, default_value = crate::api::DEFAULT_IMAGE)]
+    pub instance_image: String,
+    /// How long a database's primary may not answer before its most advanced standby is
+    /// promoted (seconds).
+    #[arg(long, default_value_t = 6.0)]
+    pub failover_after_seconds: f64,
     #[command(flatten)]
     pub webhook_options: crate::webhook::WebhookServerOptions,
 }
@@ -126,6 +137,25 @@ pub async fn run(options: AgentOptions) -> Result<()> {
         }
     });
 
+    let views = instances::Views::default();
+    let (views_changed, views_changed_rx) = tokio::sync::mpsc::channel(1024);
+    tokio::spawn(instances::run(
+        client.clone(),
+        options.namespace.clone(),
+        fenced_rx.clone(),
+        views.clone(),
+        views_changed,
+        recorder.clone(),
+        instances::InstanceSettings {
+            failover_after: Duration::from_secs_f64(options.failover_after_seconds),
+            ..Default::default()
+        },
+        process.shutdown.clone(),
+    ));
+    let view_changes = futures::stream::unfold(views_changed_rx, |mut rx| async move {
+        let database = rx.recv().await?;
+        Some((database, rx))
+    });
     let context = Arc::new(Context::new(
         client.clone(),
         process.metrics.clone(),
@@ -133,13 +163,17 @@ pub async fn run(options: AgentOptions) -> Result<()> {
         recorder,
         fenced_rx,
         Duration::from_secs(options.reconcile_timeout_seconds),
+        views,
+        builders::PodSettings {
+            instance_image: options.instance_image.clone(),
+            agent_lease_seconds: options.lease_duration_seconds,
+        },
     ));
     let databases: Api<MyDatabase> = match &options.namespace {
         Some(namespace) => Api::namespaced(client.clone(), namespace),
         None => Api::all(client.clone()),
     };
-    let (statefulsets, services, config_maps) =
-        reconciler::owned_kinds(&client, options.namespace.as_deref());
+    let (statefulsets, services) = reconciler::owned_kinds(&client, options.namespace.as_deref());
     let children = watcher::Config::default().labels("app.kubernetes.io/managed-by=bulkhead-agent");
     process.readiness.set_ready();
     tracing::info!(
@@ -150,9 +184,9 @@ pub async fn run(options: AgentOptions) -> Result<()> {
     let shutdown = process.shutdown.clone();
     Controller::new(databases, watcher::Config::default())
         .owns(statefulsets, children.clone())
-        .owns(services, children.clone())
-        .owns(config_maps, children)
+        .owns(services, children)
         .reconcile_all_on(fence_changes)
+        .reconcile_on(view_changes)
         .graceful_shutdown_on(async move { shutdown.cancelled().await })
         .run(reconciler::reconcile, reconciler::error_policy, context)
         .for_each(|result| async move {

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret, Service};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
@@ -18,7 +18,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
-use super::builders::{self, ReadOnlyReason};
+use super::builders::{self, PodSettings, ReadOnlyReason};
+use super::instances::Views;
 use super::status::{Observed, compute_status, status_changed};
 use super::volumes;
 use crate::api::mydatabase::DatabasePhase;
@@ -106,11 +107,16 @@ pub struct Context {
     /// True while fenced (see `fence.rs`).
     pub fenced: watch::Receiver<bool>,
     pub reconcile_timeout: Duration,
+    /// What the instance loop saw of each database's instances.
+    pub views: Views,
+    /// What every database pod gets from the agent's settings.
+    pub pod_settings: PodSettings,
     failures: Mutex<HashMap<String, u32>>,
     phases: Mutex<HashMap<String, DatabasePhase>>,
 }
 
 impl Context {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         client: Client,
         metrics: Arc<Metrics>,
@@ -118,6 +124,8 @@ impl Context {
         recorder: Recorder,
         fenced: watch::Receiver<bool>,
         reconcile_timeout: Duration,
+        views: Views,
+        pod_settings: PodSettings,
     ) -> Self {
         Context {
             client,
@@ -126,6 +134,8 @@ impl Context {
             recorder,
             fenced,
             reconcile_timeout,
+            views,
+            pod_settings,
             failures: Mutex::new(HashMap::new()),
             phases: Mutex::new(HashMap::new()),
         }
@@ -326,16 +336,19 @@ async fn apply(database: &MyDatabase, context: &Context) -> Result<Action, Recon
     let fenced = *context.fenced.borrow();
     let read_only = builders::read_only_reason(database, fenced);
     let client = &context.client;
-    let read_write_service = builders::read_write_service(database, read_only);
+    let read_write_services = builders::read_write_services(database, read_only);
 
-    // Read-only (fenced or spec.readOnly): the read-write Service loses its endpoints
-    // before anything else is read or applied. A fence is a race against the hub failing
-    // over; an unrelated failure further down (a quota, a member webhook refusing the
-    // ConfigMap, a slow StatefulSet read) must not keep writers connected. The fence
-    // watcher triggers a reconcile of every database (`reconcile_all_on` in `mod.rs`), and
-    // this is the first request of each.
+    // Read-only (fenced or spec.readOnly): the read-write Services lose their endpoints
+    // before anything else is read or applied; the instance loop then demotes the primary
+    // (the server itself refuses writes and its sessions end). A fence is a race against
+    // the hub failing over; an unrelated failure further down (a quota, a slow
+    // StatefulSet read) must not keep writers connected. The fence watcher triggers a
+    // reconcile of every database (`reconcile_all_on` in `mod.rs`), and these are the
+    // first requests of each.
     if read_only.is_some() {
-        server_side_apply(client, &namespace, &read_write_service).await?;
+        for service in &read_write_services {
+            server_side_apply(client, &namespace, service).await?;
+        }
     }
 
     // Read.
@@ -348,20 +361,22 @@ async fn apply(database: &MyDatabase, context: &Context) -> Result<Action, Recon
         .as_ref()
         .and_then(|sts| builders::storage_change(database, sts));
 
-    // Build and apply. The ConfigMap goes first: the pods mount it. When writable, the
-    // read-write Service follows the pods' configuration, so writes are routed only once
-    // the ConfigMap says read-write.
-    server_side_apply(
-        client,
-        &namespace,
-        &builders::config_map(database, read_only),
-    )
-    .await?;
+    // The Secrets the pods mount: made once, never overwritten (the data directories
+    // hold these passwords).
+    for secret in [
+        builders::instance_secret(database),
+        builders::app_secret(database),
+    ] {
+        create_once(client, &namespace, &secret, &object).await?;
+    }
     server_side_apply(client, &namespace, &builders::headless_service(database)).await?;
     if read_only.is_none() {
-        server_side_apply(client, &namespace, &read_write_service).await?;
+        for service in &read_write_services {
+            server_side_apply(client, &namespace, service).await?;
+        }
     }
     server_side_apply(client, &namespace, &builders::read_only_service(database)).await?;
+    server_side_apply(client, &namespace, &builders::any_instance_service(database)).await?;
     if volumes::needs_reuse_check(database, existing.as_ref()) {
         // Before the StatefulSet, and a failure stops the reconcile: it is retried, since
         // the StatefulSet is not ours yet (see `needs_reuse_check`). Going on without it
@@ -369,7 +384,7 @@ async fn apply(database: &MyDatabase, context: &Context) -> Result<Action, Recon
         // delete claims by hand (docs/mydatabase.md).
         take_back_released_claims(database, context).await?;
     }
-    let mut desired = builders::statefulset(database);
+    let mut desired = builders::statefulset(database, &context.pod_settings);
     if let (Some(_), Some(existing)) = (&storage_refused, &existing) {
         // Claim templates are immutable: keep the existing ones and apply the rest, so
         // replicas and version changes still go through.
@@ -380,12 +395,14 @@ async fn apply(database: &MyDatabase, context: &Context) -> Result<Action, Recon
     let statefulset = server_side_apply(client, &namespace, &desired).await?;
 
     // Report.
+    let view = context.views.get(&object);
     let status = compute_status(&Observed {
         database,
         statefulset: Some(&statefulset),
         read_only,
         storage_refused: storage_refused.as_deref(),
         deleting: false,
+        instances: view.as_ref(),
     });
     report(database, &status, context).await?;
     context.record_phase(&object, status.phase);
@@ -413,7 +430,13 @@ async fn report(
     }
     let namespace = database.namespace().unwrap_or_default();
     let api: Api<MyDatabase> = Api::namespaced(context.client.clone(), &namespace);
-    let patch = serde_json::json!({"status": status});
+    let mut patch = serde_json::json!({"status": status});
+    // The primary and its term are the instance loop's, written with a precondition; a
+    // status computed from an older read must never write them back.
+    if let Some(fields) = patch["status"].as_object_mut() {
+        fields.remove("primary");
+        fields.remove("term");
+    }
     api.patch_status(
         &database.name_any(),
         &PatchParams::default(),
@@ -549,6 +572,7 @@ async fn cleanup(database: &MyDatabase, context: &Context) -> Result<Action, Rec
         read_only: None,
         storage_refused: None,
         deleting: true,
+        instances: None,
     });
     if database.status.as_ref().and_then(|s| s.phase) != Some(DatabasePhase::Deleting) {
         let api: Api<MyDatabase> = Api::namespaced(context.client.clone(), &namespace);
@@ -669,21 +693,43 @@ async fn cleanup(database: &MyDatabase, context: &Context) -> Result<Action, Rec
 }
 
 /// The children kinds the controller watches to map changes back to their MyDatabase.
-pub fn owned_kinds(
-    client: &Client,
-    namespace: Option<&str>,
-) -> (Api<StatefulSet>, Api<Service>, Api<ConfigMap>) {
+pub fn owned_kinds(client: &Client, namespace: Option<&str>) -> (Api<StatefulSet>, Api<Service>) {
     match namespace {
         Some(ns) => (
             Api::namespaced(client.clone(), ns),
             Api::namespaced(client.clone(), ns),
-            Api::namespaced(client.clone(), ns),
         ),
-        None => (
-            Api::all(client.clone()),
-            Api::all(client.clone()),
-            Api::all(client.clone()),
-        ),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
+    }
+}
+
+/// Creates `secret` unless one of its name exists (whatever it holds: it is never
+/// overwritten).
+async fn create_once(
+    client: &Client,
+    namespace: &str,
+    secret: &Secret,
+    object: &str,
+) -> Result<(), ReconcileError> {
+    let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let name = secret.name_any();
+    let error = |action: &str, source| ReconcileError::Api {
+        action: format!("{action} the Secret {name}"),
+        object: object.to_string(),
+        source,
+    };
+    if api
+        .get_opt(&name)
+        .await
+        .map_err(|e| error("reading", e))?
+        .is_some()
+    {
+        return Ok(());
+    }
+    match api.create(&kube::api::PostParams::default(), secret).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(e) => Err(error("creating", e)),
     }
 }
 
@@ -720,6 +766,8 @@ mod tests {
             recorder,
             rx,
             Duration::from_secs(5),
+            Views::default(),
+            PodSettings::default(),
         );
         (Arc::new(context), handle)
     }
@@ -861,6 +909,9 @@ mod tests {
         if path.ends_with("/statefulsets/orders") && body.is_null() {
             return not_found();
         }
+        if method == "GET" && path.contains("/secrets/") {
+            return not_found();
+        }
         if method == "GET" && path.ends_with("/persistentvolumeclaims") {
             return claim_list(serde_json::json!([]));
         }
@@ -956,14 +1007,20 @@ mod tests {
         drop(context);
         let Served { calls, events, .. } = server.await.unwrap();
         let apply = "?&force=true&fieldManager=bulkhead-agent";
+        let secrets = "/api/v1/namespaces/shop/secrets";
         assert_eq!(
             calls,
             [
                 "GET /apis/apps/v1/namespaces/shop/statefulsets/orders".to_string(),
-                format!("PATCH /api/v1/namespaces/shop/configmaps/orders-config{apply}"),
+                format!("GET {secrets}/orders-instance"),
+                format!("POST {secrets}"),
+                format!("GET {secrets}/orders-app"),
+                format!("POST {secrets}"),
                 format!("PATCH /api/v1/namespaces/shop/services/orders-headless{apply}"),
+                format!("PATCH /api/v1/namespaces/shop/services/orders-rw{apply}"),
                 format!("PATCH /api/v1/namespaces/shop/services/orders{apply}"),
                 format!("PATCH /api/v1/namespaces/shop/services/orders-ro{apply}"),
+                format!("PATCH /api/v1/namespaces/shop/services/orders-r{apply}"),
                 format!(
                     "GET {CLAIMS}?&labelSelector=example.com%2Fdatabase%3Dorders%2Cexample.com%2Freleased%3Dtrue"
                 ),
@@ -982,9 +1039,7 @@ mod tests {
         let bodies = Arc::new(Mutex::new(HashMap::new()));
         let seen = bodies.clone();
         let server = serve(handle, move |method, path, body| {
-            if method == "PATCH"
-                && (path.ends_with("configmaps/orders-config") || path.ends_with("services/orders"))
-            {
+            if method == "PATCH" && path.contains("/services/") {
                 seen.lock().unwrap().insert(path.to_string(), body.clone());
             }
             echo(method, path, body)
@@ -995,29 +1050,32 @@ mod tests {
         drop(context);
         server.await.unwrap();
         let bodies = bodies.lock().unwrap();
-        let config =
-            bodies["/api/v1/namespaces/shop/configmaps/orders-config"]["data"]["postgresql.conf"]
-                .as_str()
-                .unwrap();
+        for name in ["orders", "orders-rw"] {
+            assert_eq!(
+                bodies[&format!("/api/v1/namespaces/shop/services/{name}")]["spec"]["selector"]
+                    [builders::LABEL_ACCEPTS_WRITES],
+                "true",
+                "{name}"
+            );
+        }
         assert!(
-            config.contains("default_transaction_read_only = on"),
-            "{config}"
-        );
-        assert_eq!(
-            bodies["/api/v1/namespaces/shop/services/orders"]["spec"]["selector"]
-                [builders::LABEL_ACCEPTS_WRITES],
-            "true"
+            bodies["/api/v1/namespaces/shop/services/orders-ro"]["spec"]["selector"]
+                .get(builders::LABEL_ACCEPTS_WRITES)
+                .is_none(),
+            "reads keep being served"
         );
     }
 
-    /// Read-only for either reason: the read-write Service (selector without endpoints) is
-    /// the very first request, before the StatefulSet is even read; the writable order is
-    /// the ConfigMap first and the read-write Service after the pods' configuration.
+    /// Read-only for either reason: the read-write Services (a selector without
+    /// endpoints) are the very first requests, before the StatefulSet is even read; the
+    /// instance loop then demotes the primary. Writable, they follow the other children.
     #[tokio::test]
     async fn read_only_takes_the_writers_away_before_anything_else() {
         let apply = "?&force=true&fieldManager=bulkhead-agent";
-        let rw = format!("PATCH /api/v1/namespaces/shop/services/orders{apply}");
-        let config = format!("PATCH /api/v1/namespaces/shop/configmaps/orders-config{apply}");
+        let rw = [
+            format!("PATCH /api/v1/namespaces/shop/services/orders-rw{apply}"),
+            format!("PATCH /api/v1/namespaces/shop/services/orders{apply}"),
+        ];
         let read = "GET /apis/apps/v1/namespaces/shop/statefulsets/orders".to_string();
         for (fenced, requested) in [(true, false), (false, true), (true, true), (false, false)] {
             let (context, handle) = context(fenced);
@@ -1032,42 +1090,46 @@ mod tests {
             let position = |call: &str| calls.iter().position(|c| c == call).unwrap();
             if fenced || requested {
                 assert_eq!(
-                    calls[0], rw,
+                    calls[0..2],
+                    rw,
                     "fenced={fenced} readOnly={requested}: {calls:#?}"
                 );
-                assert_eq!(
-                    requests[0].body["spec"]["selector"][builders::LABEL_ACCEPTS_WRITES],
-                    "true"
-                );
-                assert_eq!(
-                    calls.iter().filter(|c| **c == rw).count(),
-                    1,
-                    "applied once: {calls:#?}"
-                );
-                assert_eq!(&calls[1..3], [read.clone(), config.clone()]);
+                for request in &requests[0..2] {
+                    assert_eq!(
+                        request.body["spec"]["selector"][builders::LABEL_ACCEPTS_WRITES],
+                        "true"
+                    );
+                }
+                for service in &rw {
+                    assert_eq!(
+                        calls.iter().filter(|c| *c == service).count(),
+                        1,
+                        "applied once: {calls:#?}"
+                    );
+                }
+                assert_eq!(calls[2], read);
             } else {
                 assert_eq!(calls[0], read, "{calls:#?}");
-                assert!(position(&config) < position(&rw), "{calls:#?}");
                 assert!(
                     position(&format!(
                         "PATCH /api/v1/namespaces/shop/services/orders-headless{apply}"
-                    )) < position(&rw)
+                    )) < position(&rw[0])
                 );
             }
         }
     }
 
-    /// A member's quota or webhook refusing the ConfigMap fails the reconcile, but the
-    /// fence is already in place: the read-write Service PATCH went out first.
+    /// A member's quota or webhook refusing a Secret fails the reconcile, but the fence is
+    /// already in place: the read-write Services' PATCHes went out first.
     #[tokio::test]
-    async fn a_refused_config_map_does_not_delay_the_fence() {
+    async fn a_refused_secret_does_not_delay_the_fence() {
         for (code, reason, kind) in [
             (403, "Forbidden", ApiErrorKind::Forbidden),
             (422, "Invalid", ApiErrorKind::Invalid),
         ] {
             let (context, handle) = context(true);
             let server = serve(handle, move |method, path, body| {
-                if method == "PATCH" && path.ends_with("/configmaps/orders-config") {
+                if method == "POST" && path.ends_with("/secrets") {
                     return status(code, reason);
                 }
                 echo(method, path, body)
@@ -1084,15 +1146,17 @@ mod tests {
             assert_eq!(
                 calls,
                 [
+                    format!("PATCH /api/v1/namespaces/shop/services/orders-rw{apply}"),
                     format!("PATCH /api/v1/namespaces/shop/services/orders{apply}"),
                     "GET /apis/apps/v1/namespaces/shop/statefulsets/orders".to_string(),
-                    format!("PATCH /api/v1/namespaces/shop/configmaps/orders-config{apply}"),
+                    "GET /api/v1/namespaces/shop/secrets/orders-instance".to_string(),
+                    "POST /api/v1/namespaces/shop/secrets".to_string(),
                 ],
-                "{code}: the fence went out before the refused ConfigMap; {calls:#?}"
+                "{code}: the fence went out before the refused Secret; {calls:#?}"
             );
             assert_eq!(
                 requests[0].body["spec"]["selector"],
-                serde_json::json!({"example.com/database": "orders", builders::LABEL_ACCEPTS_WRITES: "true"})
+                serde_json::json!({"example.com/database": "orders", builders::LABEL_ROLE: "primary", builders::LABEL_ACCEPTS_WRITES: "true"})
             );
         }
     }
@@ -1108,7 +1172,7 @@ mod tests {
         let server = serve(handle, move |method, path, body| {
             if path.ends_with("/statefulsets/orders") && method == "GET" {
                 let mut existing =
-                    serde_json::to_value(builders::statefulset(&orders(true, false))).unwrap();
+                    serde_json::to_value(builders::statefulset(&orders(true, false), &PodSettings::default())).unwrap();
                 existing["metadata"]["generation"] = 1.into();
                 existing["status"] = serde_json::json!({"replicas": 3, "readyReplicas": 3, "updatedReplicas": 3, "observedGeneration": 1});
                 return json(StatusCode::OK, existing);
@@ -1147,7 +1211,7 @@ mod tests {
         let (context, handle) = context(false);
         let mut db = orders(true, false);
         let sts_status = serde_json::json!({"replicas": 3, "readyReplicas": 3, "updatedReplicas": 3, "observedGeneration": 1, "currentRevision": "a", "updateRevision": "a"});
-        let mut sts = serde_json::to_value(builders::statefulset(&db)).unwrap();
+        let mut sts = serde_json::to_value(builders::statefulset(&db, &PodSettings::default())).unwrap();
         sts["metadata"]["generation"] = 1.into();
         sts["status"] = sts_status;
         let typed: StatefulSet = serde_json::from_value(sts.clone()).unwrap();
@@ -1157,6 +1221,7 @@ mod tests {
             read_only: None,
             storage_refused: None,
             deleting: false,
+            instances: None,
         }));
         let server = serve(handle, move |method, path, body| {
             if path.ends_with("/statefulsets/orders") {

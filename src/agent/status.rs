@@ -3,6 +3,7 @@
 use k8s_openapi::api::apps::v1::StatefulSet;
 
 use super::builders::ReadOnlyReason;
+use super::instances::InstancesView;
 use crate::api::mydatabase::DatabasePhase;
 use crate::api::{ConditionStatus, MyDatabase, MyDatabaseStatus, new_condition, set_condition};
 
@@ -15,6 +16,8 @@ pub struct Observed<'a> {
     /// Set when a storage change was refused, with the message for the user.
     pub storage_refused: Option<&'a str>,
     pub deleting: bool,
+    /// What the instance loop saw of the instances (None before its first round).
+    pub instances: Option<&'a InstancesView>,
 }
 
 /// Replica counts from a StatefulSet's status.
@@ -192,6 +195,24 @@ pub fn compute_status(observed: &Observed) -> MyDatabaseStatus {
         ),
     );
 
+    if let Some(view) = observed.instances {
+        for (type_, parts) in [
+            ("PrimaryAvailable", &view.primary_available),
+            ("ReplicationHealthy", &view.replication_healthy),
+        ] {
+            set_condition(
+                &mut conditions,
+                new_condition(
+                    type_,
+                    ConditionStatus::from_bool(parts.status),
+                    &parts.reason,
+                    parts.message.clone(),
+                    generation,
+                ),
+            );
+        }
+    }
+
     let phase = if observed.deleting {
         DatabasePhase::Deleting
     } else if observed.read_only.is_some() {
@@ -213,6 +234,13 @@ pub fn compute_status(observed: &Observed) -> MyDatabaseStatus {
         ready_replicas: counts.ready,
         conditions,
         clusters: previous.clusters,
+        // The instance loop's record, kept as read (`report` never writes these back).
+        primary: previous.primary,
+        term: previous.term,
+        instances: observed
+            .instances
+            .map(|v| v.instances.clone())
+            .unwrap_or(previous.instances),
     }
 }
 
@@ -266,6 +294,7 @@ mod tests {
             read_only,
             storage_refused: None,
             deleting: false,
+            instances: None,
         })
     }
 
@@ -391,6 +420,7 @@ mod tests {
             read_only: None,
             storage_refused: Some("spec.storage asks for 2Gi"),
             deleting: false,
+            instances: None,
         });
         assert_eq!(
             reason(&status, "Degraded"),
@@ -408,6 +438,7 @@ mod tests {
             read_only: Some(ReadOnlyReason::HubUnreachable),
             storage_refused: None,
             deleting: true,
+            instances: None,
         });
         assert_eq!(status.phase, Some(DatabasePhase::Deleting));
     }

@@ -330,11 +330,11 @@ mod tests {
     fn released_claims_are_looked_for_only_until_the_statefulset_is_ours() {
         let db = database(ReclaimPolicy::Retain, false, false);
         assert!(needs_reuse_check(&db, None), "no StatefulSet yet");
-        let ours = super::super::builders::statefulset(&db);
+        let ours = super::super::builders::statefulset(&db, &Default::default());
         assert!(!needs_reuse_check(&db, Some(&ours)), "steady state");
         let mut earlier = db.clone();
         earlier.metadata.uid = Some("uid-0".into());
-        let theirs = super::super::builders::statefulset(&earlier);
+        let theirs = super::super::builders::statefulset(&earlier, &Default::default());
         assert!(
             needs_reuse_check(&db, Some(&theirs)),
             "still the StatefulSet of an earlier database of that name"

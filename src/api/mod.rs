@@ -30,6 +30,10 @@ pub use resource_interpreter::{ResourceInterpreter, ResourceInterpreterSpec};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
+/// The Bulkhead image of this version: the hub, the agent, and the init container that
+/// puts `bulkhead instance` into every database pod.
+pub const DEFAULT_IMAGE: &str = concat!("bulkhead:", env!("CARGO_PKG_VERSION"));
+
 /// Label on every object the hub creates in a member.
 pub const LABEL_MANAGED_BY: &str = "federation.example.com/managed-by";
 /// Annotation (value `"true"`) the hub sets on a member copy, just before deleting it,

@@ -91,6 +91,25 @@ pub struct MyDatabaseSpec {
     /// database read-only; it adds to this setting and never clears it.
     #[serde(default)]
     pub read_only: bool,
+
+    /// How the replicas in one cluster replicate: one primary, the others streaming hot
+    /// standbys of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<DatabaseTopology>,
+}
+
+/// Replication between a database's instances in one cluster.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct DatabaseTopology {
+    /// How many standbys must have a commit before the primary acknowledges it
+    /// (`synchronous_standby_names = 'ANY N (...)'`). 0 (default): asynchronous, a failover
+    /// may lose the last commits. With N >= 1 no acknowledged commit is lost when the
+    /// primary dies, and commits wait while fewer than N standbys stream. Capped at the
+    /// number of standbys in the cluster (replicas - 1).
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 9))]
+    pub synchronous: u32,
 }
 
 fn default_replicas() -> i32 {
@@ -161,6 +180,7 @@ impl Default for MyDatabaseSpec {
             storage: DatabaseStorage::default(),
             resources: None,
             read_only: false,
+            topology: None,
         }
     }
 }
@@ -212,6 +232,53 @@ pub struct MyDatabaseStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub clusters: Vec<DatabaseClusterStatus>,
+
+    /// In a member: the instance (pod) the agent made primary. Recorded before the
+    /// instance is promoted, so a restarted agent or an old primary finds the decision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary: Option<String>,
+
+    /// In a member: the term of the current primary, raised before every promotion. An
+    /// instance refuses a lower term than it has seen, so an old primary never takes a
+    /// write again.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub term: u64,
+
+    /// In a member: each instance as its instance manager reported it last.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub instances: Vec<DatabaseInstanceStatus>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// One PostgreSQL instance of a database in a member cluster.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct DatabaseInstanceStatus {
+    /// The pod's name.
+    pub name: String,
+    /// `Primary` or `Standby` as PostgreSQL runs now; empty while the instance does not
+    /// answer or PostgreSQL is not running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    /// PostgreSQL accepts connections.
+    #[serde(default)]
+    pub ready: bool,
+    /// The highest term the instance has seen.
+    #[serde(default)]
+    pub term: u64,
+    /// WAL position: a primary's write position, a standby's received position.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lsn: Option<String>,
+    /// For a standby: bytes of WAL behind the primary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_bytes: Option<u64>,
+    /// What the instance is doing, in words.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
 }
 
 /// The state of one placement of a MyDatabase in a member cluster (hub only).

@@ -18,7 +18,7 @@ use crate::api::{LABEL_MANAGED_BY, SYSTEM_NAMESPACE};
 /// Name of the agent's service account, ClusterRole, ClusterRoleBinding and Deployment.
 pub const AGENT_NAME: &str = "bulkhead-agent";
 /// Image used when `--agent-image` is not given.
-pub const DEFAULT_AGENT_IMAGE: &str = concat!("bulkhead:", env!("CARGO_PKG_VERSION"));
+pub const DEFAULT_AGENT_IMAGE: &str = crate::api::DEFAULT_IMAGE;
 
 fn meta(namespaced: bool) -> ObjectMeta {
     ObjectMeta {
@@ -70,7 +70,12 @@ pub fn cluster_role() -> ClusterRole {
             // update on finalizers: children carry blockOwnerDeletion owner references.
             rule(&["example.com"], &["mydatabases/finalizers"], &["update"]),
             rule(&["apps"], &["statefulsets"], APPLY),
-            rule(&[""], &["services", "configmaps"], APPLY),
+            rule(&[""], &["services"], APPLY),
+            // The instance and application Secrets: made once, never changed (get to read
+            // the token the instances share with the agent).
+            rule(&[""], &["secrets"], &["get", "create"]),
+            // patch: each database pod's role label.
+            rule(&[""], &["pods"], &["get", "list", "watch", "patch"]),
             rule(
                 &[""],
                 &["persistentvolumeclaims"],
@@ -211,7 +216,16 @@ mod tests {
             !verbs_for("mydatabases").contains(&"delete".to_string()),
             "the agent never deletes a MyDatabase"
         );
-        assert!(verbs_for("secrets").is_empty(), "no access to Secrets");
+        assert_eq!(
+            verbs_for("secrets"),
+            ["get", "create"],
+            "Secrets: the databases' own, made once; never listed, watched, changed or deleted"
+        );
+        assert!(
+            !verbs_for("pods").contains(&"delete".to_string())
+                && !verbs_for("pods").contains(&"update".to_string()),
+            "pods: only their role label is patched"
+        );
         let claims = verbs_for("persistentvolumeclaims");
         assert!(
             claims.contains(&"patch".to_string()) && claims.contains(&"delete".to_string()),

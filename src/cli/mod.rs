@@ -56,6 +56,12 @@ pub enum Command {
     /// Run one PostgreSQL instance in a database pod (the container's entrypoint): create
     /// its data, supervise `postgres`, carry out the role the agent decides.
     Instance(crate::instance::InstanceOptions),
+    /// Copy this binary to a path (a database pod's init container puts `bulkhead` into a
+    /// volume the PostgreSQL container runs it from).
+    CopyBinary {
+        /// Where to put it (made executable).
+        destination: std::path::PathBuf,
+    },
 }
 
 /// Runs the parsed command.
@@ -71,6 +77,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Unjoin(options) => join::unjoin(&options).await?,
         Command::Get(options) => get::run(&options).await?,
         Command::Instance(options) => crate::instance::run(options).await?,
+        Command::CopyBinary { destination } => crate::instance::copy_binary(&destination)?,
     }
     Ok(())
 }

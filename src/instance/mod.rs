@@ -9,6 +9,7 @@
 //! rule as the agent's fence). It starts an existing data directory as a standby until
 //! the agent says otherwise, so a restarted old primary never takes a write first.
 
+pub mod client;
 pub mod postgres;
 
 use std::net::SocketAddr;
@@ -63,11 +64,17 @@ pub struct InstanceOptions {
     /// `token` (the database's Secret, mounted).
     #[arg(long)]
     pub secrets_dir: PathBuf,
+    /// A directory with the application's credentials (`username`, `password`, `dbname`:
+    /// the database's `<name>-app` Secret, mounted): a primary creates the user and its
+    /// database when they are missing.
+    #[arg(long)]
+    pub app_secret_dir: Option<PathBuf>,
     /// A primary whose agent has not spoken for this long demotes itself.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub agent_lease: Duration,
-    /// Run PostgreSQL as this user (when the instance runs as root: the lab's host
-    /// processes; PostgreSQL refuses to run as root).
+    /// Run PostgreSQL as this user when the instance runs as root (PostgreSQL refuses to
+    /// run as root; the lab runs database pods as host processes). Default when root:
+    /// `postgres`.
     #[arg(long)]
     pub run_as: Option<String>,
     /// PostgreSQL's log (default: `postgres.log` next to the data directory).
@@ -115,6 +122,26 @@ pub async fn run(options: InstanceOptions) -> Result<()> {
     Ok(())
 }
 
+/// `bulkhead copy-binary`: this executable, copied to `destination` (a database pod's init
+/// container puts it where the PostgreSQL image's container runs it).
+pub fn copy_binary(destination: &std::path::Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let source = std::env::current_exe().context("finding this executable")?;
+    if let Some(parent) = destination.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+    }
+    // Written beside and renamed: a container restart never runs a half-written copy.
+    let partial = destination.with_extension("partial");
+    std::fs::copy(&source, &partial)
+        .with_context(|| format!("copying {} to {}", source.display(), partial.display()))?;
+    std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o755))?;
+    std::fs::rename(&partial, destination)
+        .with_context(|| format!("renaming {} to {}", partial.display(), destination.display()))?;
+    println!("copied {} to {}", source.display(), destination.display());
+    Ok(())
+}
+
 fn read_secret(dir: &std::path::Path, name: &str) -> Result<String> {
     let path = dir.join(name);
     Ok(std::fs::read_to_string(&path)
@@ -148,7 +175,22 @@ impl Instance {
                 "no PostgreSQL programs under /usr/lib/postgresql/<n>/bin; install PostgreSQL or pass --bin-dir",
             )?,
         };
-        let owner = options.run_as.as_deref().map(user_ids).transpose()?;
+        // PostgreSQL refuses to run as root: as root, run it as `postgres` unless told.
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        let run_as = options
+            .run_as
+            .clone()
+            .or_else(|| root.then(|| "postgres".to_string()));
+        let owner = run_as.as_deref().map(user_ids).transpose()?;
+        let app = match &options.app_secret_dir {
+            Some(dir) => Some(postgres::AppUser {
+                user: read_secret(dir, "username")?,
+                password: read_secret(dir, "password")?,
+                database: read_secret(dir, "dbname")?,
+            }),
+            None => None,
+        };
         let server = Server {
             bin_dir,
             data_dir: options.pgdata.clone(),
@@ -159,6 +201,7 @@ impl Instance {
             superuser_password: read_secret(&options.secrets_dir, "superuser-password")?,
             replication_password: read_secret(&options.secrets_dir, "replication-password")?,
             wal_keep_size: options.wal_keep_size.clone(),
+            app,
         };
         let log = options.log_file.clone().unwrap_or_else(|| {
             options

@@ -49,6 +49,16 @@ pub struct Server {
     /// `wal_keep_size`: WAL kept past checkpoints, so an old primary can still be rewound
     /// to a new one's history (`pg_rewind` reads it back to their last common checkpoint).
     pub wal_keep_size: String,
+    /// The application's user and database, created by a primary when missing.
+    pub app: Option<AppUser>,
+}
+
+/// The application's credentials (the database's `<name>-app` Secret).
+#[derive(Clone, Debug)]
+pub struct AppUser {
+    pub user: String,
+    pub password: String,
+    pub database: String,
 }
 
 /// What the instance runs: the agent's word as the server's settings.
@@ -487,6 +497,33 @@ impl Server {
             format!("CREATE ROLE {REPLICATION_USER} WITH REPLICATION LOGIN PASSWORD {password}")
         };
         client.batch_execute(&statement).await?;
+        if let Some(app) = &self.app {
+            let user = sql_identifier(&app.user);
+            let password = sql_literal(&app.password);
+            let exists = client
+                .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&app.user])
+                .await?
+                .is_some();
+            let verb = if exists { "ALTER" } else { "CREATE" };
+            client
+                .batch_execute(&format!("{verb} ROLE {user} WITH LOGIN PASSWORD {password}"))
+                .await?;
+            let database_exists = client
+                .query_opt(
+                    "SELECT 1 FROM pg_database WHERE datname = $1",
+                    &[&app.database],
+                )
+                .await?
+                .is_some();
+            if !database_exists {
+                client
+                    .batch_execute(&format!(
+                        "CREATE DATABASE {} OWNER {user}",
+                        sql_identifier(&app.database)
+                    ))
+                    .await?;
+            }
+        }
         Ok(())
     }
 
@@ -548,6 +585,11 @@ impl Server {
 /// A SQL string literal.
 fn sql_literal(value: &str) -> String {
     format!("'{}'", value.replace('\'', "''"))
+}
+
+/// A quoted SQL identifier.
+fn sql_identifier(value: &str) -> String {
+    format!("\"{}\"", value.replace('"', "\"\""))
 }
 
 /// The newest PostgreSQL's programs on a Debian machine (`/usr/lib/postgresql/<n>/bin`).

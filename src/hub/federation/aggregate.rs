@@ -510,6 +510,7 @@ pub fn mydatabase_status(
         ready_replicas: ready_total,
         conditions,
         clusters,
+        ..Default::default()
     }
 }
 

@@ -1,0 +1,764 @@
+//! The agent's side of each database's instances. Every round it asks each pod's instance
+//! manager (`bulkhead instance`) for its status, decides the roles ([`roles::decide`]),
+//! records a new primary and term in the MyDatabase's status before any instance hears of
+//! them, tells every instance its role (which is also how an instance knows the agent is
+//! there), and labels each pod with the role PostgreSQL runs in, which the Services
+//! select by. What it saw goes into the MyDatabase's status through the reconciler
+//! ([`Views`]): instances, `PrimaryAvailable`, `ReplicationHealthy`.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::builders::{self, LABEL_DATABASE, LABEL_ROLE, POSTGRES_PORT, ReadOnlyReason};
+use super::roles::{self, Recorded, RoleDecision, RoleInput};
+use crate::api::MyDatabase;
+use crate::api::instance::{Desired, INSTANCE_PORT, InstanceStatus, Role, parse_lsn};
+use crate::api::mydatabase::DatabaseInstanceStatus;
+use crate::instance::client;
+
+/// A standby further behind than this is not counted healthy.
+pub const MAX_HEALTHY_LAG_BYTES: u64 = 16 * 1024 * 1024;
+
+/// How the loop runs.
+#[derive(Clone, Debug)]
+pub struct InstanceSettings {
+    /// How often every instance is asked and told.
+    pub round: Duration,
+    /// How long the recorded primary may not answer before a standby is promoted.
+    pub failover_after: Duration,
+    /// How long one request to an instance may take.
+    pub request_timeout: Duration,
+}
+
+impl Default for InstanceSettings {
+    fn default() -> Self {
+        InstanceSettings {
+            round: Duration::from_secs(2),
+            failover_after: Duration::from_secs(6),
+            request_timeout: Duration::from_millis(1500),
+        }
+    }
+}
+
+/// A condition as the loop sees it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConditionParts {
+    pub status: bool,
+    pub reason: String,
+    pub message: String,
+}
+
+/// What the loop saw of one database's instances in its last round.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct InstancesView {
+    pub instances: Vec<DatabaseInstanceStatus>,
+    pub primary_available: ConditionParts,
+    pub replication_healthy: ConditionParts,
+}
+
+/// WAL positions and lag alone move with every write: they reach the status at most this
+/// often (roles, readiness and conditions at once).
+pub const POSITION_REFRESH: Duration = Duration::from_secs(30);
+
+/// The last view of each database (`namespace/name`), shared with the reconciler.
+#[derive(Clone, Default)]
+pub struct Views(Arc<Mutex<HashMap<String, (InstancesView, Instant)>>>);
+
+/// The view without what moves with every write.
+fn without_positions(view: &InstancesView) -> InstancesView {
+    let mut view = view.clone();
+    for instance in &mut view.instances {
+        instance.lsn = None;
+        instance.lag_bytes = None;
+    }
+    view
+}
+
+impl Views {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (InstancesView, Instant)>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The view of `key`, if the loop has seen the database.
+    pub fn get(&self, key: &str) -> Option<InstancesView> {
+        self.lock().get(key).map(|(view, _)| view.clone())
+    }
+
+    /// Stores a view; whether the status should be written now: something other than a
+    /// WAL position changed, or positions did and the last write is [`POSITION_REFRESH`] old.
+    pub fn set(&self, key: &str, view: InstancesView, now: Instant) -> bool {
+        let mut views = self.lock();
+        let publish = match views.get(key) {
+            None => true,
+            Some((old, _)) if *old == view => false,
+            Some((old, published)) => {
+                without_positions(old) != without_positions(&view)
+                    || now.duration_since(*published) >= POSITION_REFRESH
+            }
+        };
+        let published = match views.get(key) {
+            Some((_, at)) if !publish => *at,
+            _ => now,
+        };
+        views.insert(key.to_string(), (view, published));
+        publish
+    }
+
+    fn retain(&self, keep: impl Fn(&str) -> bool) {
+        self.lock().retain(|key, _| keep(key));
+    }
+}
+
+/// What the loop keeps per database between rounds.
+struct Tracked {
+    /// The newest record this agent wrote or read (the store may lag a write).
+    recorded: Recorded,
+    /// The primary `primary_seen` is about, and when it last answered (or became the
+    /// recorded primary, or the agent first saw the database: a restarted agent waits
+    /// `failover_after` before it promotes anyone).
+    primary: Option<String>,
+    primary_seen: Instant,
+    token: Option<String>,
+}
+
+/// Everything one round needs.
+struct Loop {
+    client: Client,
+    pods: Store<Pod>,
+    fenced: watch::Receiver<bool>,
+    views: Views,
+    changed: mpsc::Sender<ObjectRef<MyDatabase>>,
+    recorder: Recorder,
+    settings: InstanceSettings,
+}
+
+fn key(database: &MyDatabase) -> String {
+    format!(
+        "{}/{}",
+        database.namespace().unwrap_or_default(),
+        database.name_any()
+    )
+}
+
+/// Runs the loop until `shutdown`. `changed` receives each database whose view changed
+/// (the reconciler writes its status).
+#[allow(clippy::too_many_arguments)]
+pub async fn run(
+    client: Client,
+    namespace: Option<String>,
+    fenced: watch::Receiver<bool>,
+    views: Views,
+    changed: mpsc::Sender<ObjectRef<MyDatabase>>,
+    recorder: Recorder,
+    settings: InstanceSettings,
+    shutdown: CancellationToken,
+) {
+    let (databases_api, pods_api): (Api<MyDatabase>, Api<Pod>) = match &namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+        ),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
+    };
+    let (databases, databases_writer) = reflector::store();
+    let (pods, pods_writer) = reflector::store();
+    let database_watch = watcher(databases_api, watcher::Config::default())
+        .default_backoff()
+        .reflect(databases_writer)
+        .for_each(|_| async {});
+    let pod_watch = watcher(
+        pods_api,
+        watcher::Config::default().labels(&format!(
+            "app.kubernetes.io/managed-by=bulkhead-agent,{LABEL_DATABASE}"
+        )),
+    )
+    .default_backoff()
+    .reflect(pods_writer)
+    .for_each(|_| async {});
+    let watches = tokio::spawn(async move {
+        futures::join!(database_watch, pod_watch);
+    });
+    let context = Loop {
+        client,
+        pods,
+        fenced,
+        views,
+        changed,
+        recorder,
+        settings,
+    };
+    let mut tracked: HashMap<String, Tracked> = HashMap::new();
+    let mut ticker = tokio::time::interval(context.settings.round);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = ticker.tick() => {}
+        }
+        let current: Vec<Arc<MyDatabase>> = databases.state();
+        let keys: Vec<String> = current.iter().map(|d| key(d)).collect();
+        tracked.retain(|k, _| keys.contains(k));
+        context.views.retain(|k| keys.iter().any(|c| c == k));
+        let now = Instant::now();
+        for database in &current {
+            tracked.entry(key(database)).or_insert_with(|| Tracked {
+                recorded: Recorded::default(),
+                primary: None,
+                primary_seen: now,
+                token: None,
+            });
+        }
+        // Every database's round at once: a silent pod costs its database the request
+        // timeout, not the others.
+        let rounds = tracked.iter_mut().filter_map(|(k, t)| {
+            let database = current.iter().find(|d| key(d) == *k)?.clone();
+            Some(context.round(database, t))
+        });
+        futures::future::join_all(rounds).await;
+    }
+    watches.abort();
+}
+
+/// A pod's ordinal (`orders-2` -> 2).
+fn ordinal(pod: &Pod) -> u32 {
+    pod.name_any()
+        .rsplit_once('-')
+        .and_then(|(_, n)| n.parse().ok())
+        .unwrap_or(u32::MAX)
+}
+
+fn pod_ip(pod: &Pod) -> Option<IpAddr> {
+    pod.status.as_ref()?.pod_ip.as_deref()?.parse().ok()
+}
+
+impl Loop {
+    async fn round(&self, database: Arc<MyDatabase>, tracked: &mut Tracked) {
+        if database.metadata.deletion_timestamp.is_some() {
+            return;
+        }
+        let database_key = key(&database);
+        let namespace = database.namespace().unwrap_or_default();
+        let name = database.name_any();
+        let mut pods: Vec<Arc<Pod>> = self
+            .pods
+            .state()
+            .into_iter()
+            .filter(|p| {
+                p.namespace().as_deref() == Some(namespace.as_str())
+                    && p.labels().get(LABEL_DATABASE) == Some(&name)
+                    && p.metadata.deletion_timestamp.is_none()
+            })
+            .collect();
+        pods.sort_by_key(|p| ordinal(p));
+
+        if tracked.token.is_none() {
+            let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &namespace);
+            match secrets.get_opt(&builders::instance_secret_name(&name)).await {
+                Ok(Some(secret)) => {
+                    tracked.token = secret
+                        .data
+                        .as_ref()
+                        .and_then(|d| d.get("token"))
+                        .map(|t| String::from_utf8_lossy(&t.0).trim().to_string());
+                }
+                Ok(None) => {}
+                Err(error) => {
+                    tracing::debug!(database = %database_key, %error, "reading the instance Secret")
+                }
+            }
+        }
+
+        // Ask every instance.
+        let timeout = self.settings.request_timeout;
+        let asked = futures::future::join_all(pods.iter().map(|pod| async move {
+            match pod_ip(pod) {
+                Some(ip) => client::status(SocketAddr::new(ip, INSTANCE_PORT), timeout)
+                    .await
+                    .ok(),
+                None => None,
+            }
+        }))
+        .await;
+        let hosts: Vec<String> = pods
+            .iter()
+            .map(|p| pod_ip(p).map(|ip| ip.to_string()).unwrap_or_default())
+            .collect();
+        let names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
+
+        let from_status = database
+            .status
+            .as_ref()
+            .map(|s| Recorded {
+                primary: s.primary.clone(),
+                term: s.term,
+            })
+            .unwrap_or_default();
+        if from_status.term >= tracked.recorded.term {
+            tracked.recorded = from_status;
+        }
+        let read_only = builders::read_only_reason(&database, *self.fenced.borrow());
+        let synchronous = database
+            .spec
+            .topology
+            .as_ref()
+            .map(|t| t.synchronous)
+            .unwrap_or(0)
+            .min(pods.len().saturating_sub(1) as u32);
+
+        let now = Instant::now();
+        let mut told: Option<(Vec<(String, Desired)>, String)> = None;
+        // At most two decisions: a new record, then the roles under it.
+        for _ in 0..2 {
+            let recorded = tracked.recorded.clone();
+            if tracked.primary != recorded.primary {
+                tracked.primary = recorded.primary.clone();
+                tracked.primary_seen = now;
+            }
+            let primary_answers = recorded
+                .primary
+                .as_ref()
+                .and_then(|p| names.iter().position(|n| n == p))
+                .is_some_and(|i| asked[i].is_some());
+            if primary_answers {
+                tracked.primary_seen = now;
+            }
+            let instances: Vec<roles::Instance<'_>> = names
+                .iter()
+                .enumerate()
+                .map(|(i, pod)| roles::Instance {
+                    pod,
+                    host: &hosts[i],
+                    status: asked[i].as_ref(),
+                })
+                .collect();
+            let fenced_why = read_only.map(ReadOnlyReason::words);
+            let decision = roles::decide(&RoleInput {
+                instances: &instances,
+                recorded: &recorded,
+                fenced: fenced_why,
+                primary_silent_for: (!primary_answers).then(|| now - tracked.primary_seen),
+                failover_after: self.settings.failover_after,
+                port: POSTGRES_PORT as u16,
+                synchronous,
+            });
+            match decision {
+                RoleDecision::Record {
+                    primary,
+                    term,
+                    why,
+                } => {
+                    if !self.record(&database, &primary, term, &why).await {
+                        break;
+                    }
+                    tracked.recorded = Recorded {
+                        primary: Some(primary),
+                        term,
+                    };
+                }
+                RoleDecision::Tell { desired, message } => {
+                    told = Some((desired, message));
+                    break;
+                }
+            }
+        }
+        let Some((desired, message)) = told else {
+            return;
+        };
+
+        // Tell every instance that has an address; its answer is its newest status.
+        let token = tracked.token.clone();
+        let answers = futures::future::join_all(pods.iter().enumerate().map(|(i, pod)| {
+            let wanted = desired
+                .iter()
+                .find(|(p, _)| *p == names[i])
+                .map(|(_, d)| d.clone());
+            let token = token.clone();
+            let database_key = database_key.clone();
+            async move {
+                let (Some(ip), Some(wanted), Some(token)) = (pod_ip(pod), wanted, token) else {
+                    return None;
+                };
+                match client::tell(SocketAddr::new(ip, INSTANCE_PORT), &token, &wanted, timeout)
+                    .await
+                {
+                    Ok(status) => Some(status),
+                    Err(error) => {
+                        tracing::debug!(database = %database_key, pod = %pod.name_any(), %error, "telling an instance its role");
+                        None
+                    }
+                }
+            }
+        }))
+        .await;
+        let latest: Vec<Option<InstanceStatus>> = answers
+            .into_iter()
+            .zip(asked)
+            .map(|(answer, asked)| answer.or(asked))
+            .collect();
+
+        // Label each pod with the role its PostgreSQL runs in: `primary` only once it is
+        // both told and running as primary, so the read-write Services never select a
+        // server that refuses writes or one the agent has not made primary.
+        for (i, pod) in pods.iter().enumerate() {
+            let wanted_role = desired
+                .iter()
+                .find(|(p, _)| *p == names[i])
+                .map(|(_, d)| d.role);
+            let running = latest[i].as_ref().and_then(|s| s.role);
+            let label = match (wanted_role, running) {
+                (Some(Role::Primary), Some(Role::Primary)) => Some(Role::Primary),
+                (Some(Role::Standby), _) | (_, Some(Role::Standby)) => Some(Role::Standby),
+                _ => None,
+            };
+            if let Some(role) = label {
+                self.label(pod, role).await;
+            }
+        }
+
+        let view = view(
+            &names,
+            &latest,
+            tracked.recorded.primary.as_deref(),
+            read_only,
+            &message,
+        );
+        if self.views.set(&database_key, view, Instant::now()) {
+            let _ = self.changed.try_send(ObjectRef::from_obj(database.as_ref()));
+        }
+    }
+
+    /// Records `primary` and `term` in the database's status, only if the database has not
+    /// changed since it was read (a concurrent record wins; the next round reads it).
+    async fn record(&self, database: &MyDatabase, primary: &str, term: u64, why: &str) -> bool {
+        let api: Api<MyDatabase> =
+            Api::namespaced(self.client.clone(), &database.namespace().unwrap_or_default());
+        let patch = serde_json::json!({
+            "metadata": {"resourceVersion": database.resource_version()},
+            "status": {"primary": primary, "term": term},
+        });
+        match api
+            .patch_status(
+                &database.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(database = %key(database), primary, term, why, "recorded the primary");
+                let event = Event {
+                    type_: if term > 1 {
+                        EventType::Warning
+                    } else {
+                        EventType::Normal
+                    },
+                    reason: if term > 1 { "Failover" } else { "PrimaryElected" }.into(),
+                    note: Some(format!("{primary} is the primary under term {term}: {why}")),
+                    action: "Failover".into(),
+                    secondary: None,
+                };
+                if let Err(error) = self
+                    .recorder
+                    .publish(&event, &database.object_ref(&()))
+                    .await
+                {
+                    tracing::debug!(%error, "cannot publish event");
+                }
+                true
+            }
+            Err(error) => {
+                tracing::info!(database = %key(database), %error, "recording the primary failed; trying again next round");
+                false
+            }
+        }
+    }
+
+    async fn label(&self, pod: &Pod, role: Role) {
+        let value = builders::role_label(role);
+        if pod.labels().get(LABEL_ROLE).map(String::as_str) == Some(value) {
+            return;
+        }
+        let pods: Api<Pod> =
+            Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
+        let patch = serde_json::json!({"metadata": {"labels": {LABEL_ROLE: value}}});
+        if let Err(error) = pods
+            .patch(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            tracing::info!(pod = %pod.name_any(), %error, "labelling a database pod with its role");
+        }
+    }
+}
+
+/// The view of one round: each instance, and the two conditions.
+pub fn view(
+    names: &[String],
+    statuses: &[Option<InstanceStatus>],
+    primary: Option<&str>,
+    read_only: Option<ReadOnlyReason>,
+    message: &str,
+) -> InstancesView {
+    let primary_index = primary.and_then(|p| names.iter().position(|n| n == p));
+    let primary_lsn = primary_index
+        .and_then(|i| statuses[i].as_ref())
+        .and_then(|s| s.lsn.as_deref())
+        .and_then(parse_lsn);
+    let instances: Vec<DatabaseInstanceStatus> = names
+        .iter()
+        .zip(statuses)
+        .enumerate()
+        .map(|(i, (name, status))| match status {
+            Some(status) => DatabaseInstanceStatus {
+                name: name.clone(),
+                role: status.role.map(|r| format!("{r:?}")),
+                ready: status.ready,
+                term: status.term,
+                lsn: status.lsn.clone(),
+                lag_bytes: (Some(i) != primary_index)
+                    .then(|| {
+                        let own = status.lsn.as_deref().and_then(parse_lsn)?;
+                        Some(primary_lsn?.saturating_sub(own))
+                    })
+                    .flatten(),
+                message: status.message.clone(),
+            },
+            None => DatabaseInstanceStatus {
+                name: name.clone(),
+                message: "the instance manager does not answer".into(),
+                ..Default::default()
+            },
+        })
+        .collect();
+
+    let primary_available = match (read_only, primary_index) {
+        (Some(reason), _) => ConditionParts {
+            status: false,
+            reason: "Fenced".into(),
+            message: format!(
+                "read-only ({}): every instance is a hot standby and refuses writes",
+                reason.words()
+            ),
+        },
+        (None, Some(i)) if instances[i].role.as_deref() == Some("Primary") && instances[i].ready => {
+            ConditionParts {
+                status: true,
+                reason: "PrimaryReady".into(),
+                message: format!("{} is the primary (term {})", names[i], instances[i].term),
+            }
+        }
+        _ => ConditionParts {
+            status: false,
+            reason: "PrimaryUnavailable".into(),
+            message: message.to_string(),
+        },
+    };
+
+    let standbys: Vec<&DatabaseInstanceStatus> = instances
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| Some(*i) != primary_index)
+        .map(|(_, s)| s)
+        .collect();
+    let unhealthy: Vec<String> = standbys
+        .iter()
+        .filter_map(|s| {
+            if s.role.is_none() {
+                Some(format!("{} does not answer", s.name))
+            } else if !s.ready {
+                Some(format!("{} is not ready", s.name))
+            } else if s.lag_bytes.is_some_and(|lag| lag > MAX_HEALTHY_LAG_BYTES) {
+                Some(format!(
+                    "{} is {} bytes behind",
+                    s.name,
+                    s.lag_bytes.unwrap_or_default()
+                ))
+            } else {
+                None
+            }
+        })
+        .collect();
+    let replication_healthy = if standbys.is_empty() {
+        ConditionParts {
+            status: true,
+            reason: "NoStandbys".into(),
+            message: "a single instance: nothing to replicate".into(),
+        }
+    } else if unhealthy.is_empty() {
+        ConditionParts {
+            status: true,
+            reason: "StandbysStreaming".into(),
+            message: format!(
+                "{} standbys ready, each less than {} MiB behind",
+                standbys.len(),
+                MAX_HEALTHY_LAG_BYTES / (1024 * 1024)
+            ),
+        }
+    } else {
+        ConditionParts {
+            status: false,
+            reason: "StandbysBehind".into(),
+            message: unhealthy.join("; "),
+        }
+    };
+    InstancesView {
+        instances,
+        primary_available,
+        replication_healthy,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(role: Role, lsn: &str, term: u64) -> Option<InstanceStatus> {
+        Some(InstanceStatus {
+            role: Some(role),
+            ready: true,
+            term,
+            lsn: Some(lsn.into()),
+            ..Default::default()
+        })
+    }
+
+    fn names(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("orders-{i}")).collect()
+    }
+
+    #[test]
+    fn a_streaming_database_has_its_primary_and_healthy_standbys() {
+        let view = view(
+            &names(3),
+            &[
+                status(Role::Primary, "0/3000100", 2),
+                status(Role::Standby, "0/3000000", 2),
+                status(Role::Standby, "0/3000100", 2),
+            ],
+            Some("orders-0"),
+            None,
+            "orders-0 is the primary (term 2)",
+        );
+        assert!(view.primary_available.status);
+        assert_eq!(view.primary_available.reason, "PrimaryReady");
+        assert!(view.replication_healthy.status, "{view:?}");
+        assert_eq!(view.instances[0].lag_bytes, None, "the primary has no lag");
+        assert_eq!(view.instances[1].lag_bytes, Some(0x100));
+        assert_eq!(view.instances[2].lag_bytes, Some(0));
+        assert_eq!(view.instances[1].role.as_deref(), Some("Standby"));
+    }
+
+    #[test]
+    fn fenced_there_is_no_primary_and_the_reason_says_why() {
+        let view = view(
+            &names(2),
+            &[
+                status(Role::Standby, "0/3000100", 1),
+                status(Role::Standby, "0/3000100", 1),
+            ],
+            Some("orders-0"),
+            Some(ReadOnlyReason::HubUnreachable),
+            "fenced",
+        );
+        assert!(!view.primary_available.status);
+        assert_eq!(view.primary_available.reason, "Fenced");
+        assert!(
+            view.primary_available
+                .message
+                .contains("the hub's lease is stale")
+        );
+    }
+
+    #[test]
+    fn a_silent_or_far_behind_standby_is_named() {
+        let view = view(
+            &names(3),
+            &[
+                status(Role::Primary, "1/00000000", 1),
+                None,
+                status(Role::Standby, "0/00000000", 1),
+            ],
+            Some("orders-0"),
+            None,
+            "",
+        );
+        assert!(!view.replication_healthy.status);
+        assert!(
+            view.replication_healthy.message.contains("orders-1 does not answer")
+                && view.replication_healthy.message.contains("orders-2 is 4294967296 bytes behind"),
+            "{}",
+            view.replication_healthy.message
+        );
+        assert_eq!(view.instances[1].message, "the instance manager does not answer");
+    }
+
+    #[test]
+    fn a_primary_that_does_not_answer_is_unavailable_with_the_decision_in_words() {
+        let view = view(
+            &names(2),
+            &[None, status(Role::Standby, "0/1", 1)],
+            Some("orders-0"),
+            None,
+            "the primary orders-0 has not answered for 3s; a standby takes over after 6s",
+        );
+        assert!(!view.primary_available.status);
+        assert_eq!(view.primary_available.reason, "PrimaryUnavailable");
+        assert!(view.primary_available.message.contains("takes over after 6s"));
+    }
+
+    #[test]
+    fn a_single_instance_needs_no_replication() {
+        let view = view(
+            &names(1),
+            &[status(Role::Primary, "0/1", 1)],
+            Some("orders-0"),
+            None,
+            "",
+        );
+        assert!(view.replication_healthy.status);
+        assert_eq!(view.replication_healthy.reason, "NoStandbys");
+    }
+
+    #[test]
+    fn views_publish_role_changes_at_once_and_positions_at_most_every_30_s() {
+        let views = Views::default();
+        let start = Instant::now();
+        let at = |s: u64| start + Duration::from_secs(s);
+        let one = |role: Role, lsn: &str| {
+            view(&names(1), &[status(role, lsn, 1)], Some("orders-0"), None, "")
+        };
+        assert!(views.set("shop/orders", one(Role::Primary, "0/10"), at(0)));
+        assert!(!views.set("shop/orders", one(Role::Primary, "0/10"), at(1)), "no change");
+        assert!(
+            !views.set("shop/orders", one(Role::Primary, "0/20"), at(2)),
+            "a new WAL position alone waits"
+        );
+        assert_eq!(
+            views.get("shop/orders").unwrap().instances[0].lsn.as_deref(),
+            Some("0/20"),
+            "but is kept for the next status write"
+        );
+        assert!(
+            views.set("shop/orders", one(Role::Standby, "0/20"), at(3)),
+            "a role change is written at once"
+        );
+        assert!(!views.set("shop/orders", one(Role::Standby, "0/30"), at(20)));
+        assert!(
+            views.set("shop/orders", one(Role::Standby, "0/40"), at(34)),
+            "positions 30 s after the last write"
+        );
+        views.retain(|_| false);
+        assert!(views.get("shop/orders").is_none());
+    }
+}
