@@ -113,7 +113,8 @@ start_bg bulkhead-webhook "$bulkhead" webhook --kubeconfig "$hub_kubeconfig" --l
 port=18081
 for member in east west north; do
   start_bg "bulkhead-agent-$member" "$bulkhead" agent --kubeconfig "$(e2e/lab kubeconfig "$member" --inside)" \
-    --probe-address "127.0.0.1:$port"
+    --probe-address "127.0.0.1:$port" \
+    --database-node-selector bulkhead.example.com/lab-runner=true --database-toleration bulkhead.example.com/lab-runner
   port=$((port + 1))
 done
 

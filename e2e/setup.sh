@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Installs what a fresh Debian machine lacks for the lab: iptables (partitions), make,
+# Installs what a fresh Debian machine lacks for the lab: iptables (partitions), iproute2
+# (the database pods' addresses), make,
 # git, and PostgreSQL's server programs (the database instances). `make demo`, `make e2e`
 # and `.ci/run` call it; it does nothing when all are there.
 set -euo pipefail
 missing=()
 command -v iptables >/dev/null 2>&1 || [[ -x /usr/sbin/iptables ]] || missing+=(iptables)
+# `ip addr`: the lab's database pods' addresses on the loopback interface.
+command -v ip >/dev/null 2>&1 || [[ -x /usr/sbin/ip ]] || missing+=(iproute2)
 command -v make >/dev/null 2>&1 || missing+=(make)
 command -v git >/dev/null 2>&1 || missing+=(git)
 # PostgreSQL's server programs: `bulkhead instance` runs them (tests/instance.rs).

@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::{
     Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction,
     ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSecurityContext,
     PodSpec, PodTemplateSpec, Probe, Secret, SecretVolumeSource, SecurityContext, Service,
-    ServicePort, ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
+    ServicePort, ServiceSpec, Toleration, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -176,6 +176,10 @@ pub struct PodSettings {
     pub instance_image: String,
     /// A primary whose agent has been silent this long demotes itself: the agent's lease.
     pub agent_lease_seconds: f64,
+    /// Node labels database pods must run on (dedicated database nodes).
+    pub node_selector: BTreeMap<String, String>,
+    /// Taint keys database pods tolerate.
+    pub tolerations: Vec<String>,
 }
 
 impl Default for PodSettings {
@@ -183,6 +187,8 @@ impl Default for PodSettings {
         PodSettings {
             instance_image: crate::api::DEFAULT_IMAGE.to_string(),
             agent_lease_seconds: 10.0,
+            node_selector: BTreeMap::new(),
+            tolerations: vec![],
         }
     }
 }
@@ -339,6 +345,19 @@ pub fn statefulset(database: &MyDatabase, settings: &PodSettings) -> StatefulSet
                     }),
                     // A fast shutdown of PostgreSQL fits well inside this.
                     termination_grace_period_seconds: Some(30),
+                    node_selector: (!settings.node_selector.is_empty())
+                        .then(|| settings.node_selector.clone()),
+                    tolerations: (!settings.tolerations.is_empty()).then(|| {
+                        settings
+                            .tolerations
+                            .iter()
+                            .map(|key| Toleration {
+                                key: Some(key.clone()),
+                                operator: Some("Exists".into()),
+                                ..Default::default()
+                            })
+                            .collect()
+                    }),
                     volumes: Some(vec![
                         Volume {
                             name: "controller".into(),
@@ -603,7 +622,7 @@ mod tests {
     fn settings() -> PodSettings {
         PodSettings {
             instance_image: "registry.local/bulkhead:1.2.3".into(),
-            agent_lease_seconds: 10.0,
+            ..Default::default()
         }
     }
 

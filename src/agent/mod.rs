@@ -32,6 +32,15 @@ use crate::process::{ClientOptions, Process, ServeOptions};
 use fence::FenceSettings;
 use reconciler::{AgentMetrics, Context};
 
+fn parse_label(text: &str) -> std::result::Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_string(), value.to_string())),
+        _ => Err(format!(
+            "{text:?} is not KEY=VALUE (for example --database-node-selector=node-role/db=true)"
+        )),
+    }
+}
+
 /// The CRDs the agent needs in its member cluster.
 pub const AGENT_CRDS: &[&str] = &["mydatabases.example.com"];
 
@@ -76,6 +85,13 @@ pub struct AgentOptions {
     /// promoted (seconds).
     #[arg(long, default_value_t = 6.0)]
     pub failover_after_seconds: f64,
+    /// A node label database pods must run on, `KEY=VALUE` (repeatable): dedicated
+    /// database nodes.
+    #[arg(long, value_parser = parse_label)]
+    pub database_node_selector: Vec<(String, String)>,
+    /// A taint key database pods tolerate (any value and effect; repeatable).
+    #[arg(long)]
+    pub database_toleration: Vec<String>,
     #[command(flatten)]
     pub webhook_options: crate::webhook::WebhookServerOptions,
 }
@@ -167,6 +183,8 @@ pub async fn run(options: AgentOptions) -> Result<()> {
         builders::PodSettings {
             instance_image: options.instance_image.clone(),
             agent_lease_seconds: options.lease_duration_seconds,
+            node_selector: options.database_node_selector.iter().cloned().collect(),
+            tolerations: options.database_toleration.clone(),
         },
     ));
     let databases: Api<MyDatabase> = match &options.namespace {

@@ -52,7 +52,7 @@ pub struct InstanceOptions {
     #[arg(long, default_value = "/run/bulkhead/postgresql")]
     pub socket_dir: PathBuf,
     /// PostgreSQL's `listen_addresses`.
-    #[arg(long, default_value = "*")]
+    #[arg(long, default_value = "*", env = "BULKHEAD_LISTEN_ADDRESSES")]
     pub listen_addresses: String,
     /// PostgreSQL's port.
     #[arg(long, default_value_t = 5432)]

@@ -40,6 +40,17 @@ enum Command {
     HealAll,
     /// Install Bulkhead's CRDs (config/crd/) on every cluster and wait until Established.
     InstallCrds,
+    /// Run a member's database node (started by `up`; runs its pods as host processes).
+    #[command(hide = true)]
+    Runner {
+        #[arg(long)]
+        lab_dir: std::path::PathBuf,
+        #[arg(long)]
+        cluster: String,
+        /// The `bulkhead` binary (what the Bulkhead image holds).
+        #[arg(long)]
+        bulkhead: std::path::PathBuf,
+    },
 }
 
 #[tokio::main]
@@ -101,6 +112,19 @@ async fn main() -> Result<()> {
         Command::HealAll => {
             lab.heal_all()?;
             println!("lab: every partition healed");
+        }
+        Command::Runner {
+            lab_dir,
+            cluster,
+            bulkhead,
+        } => {
+            let mut lab = lab;
+            lab.root = lab_dir;
+            let info = lab::member(&cluster)?;
+            let client = lab.inside_client(info.name).await?;
+            lab::runner::Runner::new(client, info, &lab.root, bulkhead)
+                .run()
+                .await?;
         }
     }
     Ok(())

@@ -56,14 +56,30 @@ pub fn is_partitioned(cluster: &str) -> Result<bool> {
     Ok(!lab_rules(Some(cluster))?.is_empty())
 }
 
-/// Cuts `cluster`'s external address and port off; a no-op when already cut.
-pub fn partition(cluster: &str, address: Ipv4Addr, port: u16) -> Result<()> {
+/// Cuts `cluster`'s external address and port off, and the outside addresses of its
+/// database pods (`pods`, a range: every port); a no-op when already cut.
+pub fn partition(cluster: &str, address: Ipv4Addr, port: u16, pods: &str) -> Result<()> {
     if is_partitioned(cluster)? {
         return Ok(());
     }
     let destination = format!("{address}/32");
     let port = port.to_string();
     let tag = format!("{}{cluster}", tag_prefix());
+    iptables(&[
+        "-I",
+        "INPUT",
+        "-d",
+        pods,
+        "-p",
+        "tcp",
+        "-m",
+        "comment",
+        "--comment",
+        &tag,
+        "-j",
+        "DROP",
+    ])
+    .with_context(|| format!("partitioning {cluster}'s database pods"))?;
     iptables(&[
         "-I",
         "INPUT",

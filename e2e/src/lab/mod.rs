@@ -13,6 +13,7 @@
 pub mod firewall;
 pub mod pki;
 pub mod procs;
+pub mod runner;
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -220,6 +221,25 @@ pub const CLUSTERS: [ClusterInfo; 4] = [
         region: "region-2",
     },
 ];
+
+/// The `lab` binary built in this workspace (its `runner` subcommand is each member's
+/// database node), or the one `BULKHEAD_LAB_RUNNER` names.
+pub fn lab_binary() -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os("BULKHEAD_LAB_RUNNER") {
+        return Ok(PathBuf::from(path));
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let path = target.join("debug/lab");
+    if !path.is_file() {
+        bail!(
+            "{} is missing; run `cargo build -p bulkhead-e2e` first (make e2e does)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
 
 /// A cluster by name.
 pub fn cluster(name: &str) -> Result<&'static ClusterInfo> {
@@ -479,6 +499,17 @@ impl Lab {
         for info in members() {
             self.prepare_member(info).await?;
         }
+        let runner = lab_binary()?;
+        for info in members() {
+            let args = vec![
+                "runner".to_string(),
+                // A trailing `/`: `is_lab_process` knows the lab's processes by it.
+                format!("--lab-dir={}/", self.root.display()),
+                format!("--cluster={}", info.name),
+                format!("--bulkhead={}", crate::agent_support::bulkhead_binary()?.display()),
+            ];
+            self.start_program(&mut state, info, "runner", &runner, args)?;
+        }
         for info in members() {
             self.wait_kwok_started(&mut state, info).await?;
             self.wait_member_ready(info).await?;
@@ -499,6 +530,7 @@ impl Lab {
 
     fn down_locked(&self) -> Result<()> {
         firewall::clear_all()?;
+        runner::remove_addresses()?;
         let mut records = self.read_state().map(|s| s.processes).unwrap_or_default();
         records.sort_by_key(|r| procs::stop_rank(&r.component));
         for record in &records {
@@ -577,7 +609,12 @@ impl Lab {
     /// Cuts the hub (and everyone outside the zone) off `member`.
     pub fn partition(&self, member_name: &str) -> Result<()> {
         let info = member(member_name)?;
-        firewall::partition(info.name, info.external_address(), info.apiserver_port())
+        firewall::partition(
+            info.name,
+            info.external_address(),
+            info.apiserver_port(),
+            &runner::outside_range(info),
+        )
     }
 
     /// Undoes [`Lab::partition`].
@@ -671,8 +708,19 @@ impl Lab {
         args: Vec<String>,
     ) -> Result<()> {
         let binary = self.binary(component)?;
+        self.start_program(state, info, component, &binary, args)
+    }
+
+    fn start_program(
+        &self,
+        state: &mut LabState,
+        info: &ClusterInfo,
+        component: &str,
+        binary: &Path,
+        args: Vec<String>,
+    ) -> Result<()> {
         let log = procs::log_path(&self.root, info.name, component);
-        let pid = procs::spawn(&binary, &args, &log)?;
+        let pid = procs::spawn(binary, &args, &log)?;
         state.processes.push(ProcessRecord {
             cluster: info.name.to_string(),
             component: component.to_string(),
@@ -884,7 +932,9 @@ impl Lab {
                 "--config={}",
                 self.bin.join("../kwok-stages.yaml").display()
             ),
-            "--manage-all-nodes=true".into(),
+            // The fake nodes only: each member's database node is the lab runner's.
+            "--manage-all-nodes=false".into(),
+            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake".into(),
             format!("--cidr=10.{}.0.0/16", 100 + info.index),
             format!("--node-ip=10.{}.255.1", 100 + info.index),
             // Without it the heartbeat stage renews no node Lease and every node goes
