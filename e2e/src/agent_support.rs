@@ -73,15 +73,6 @@ impl AgentProcess {
                 "--probe-address",
                 &format!("127.0.0.1:{probe_port}"),
             ])
-            // Database pods run on the member's database node (the lab runner's).
-            .arg(format!(
-                "--database-node-selector={}=true",
-                crate::lab::runner::RUNNER_LABEL
-            ))
-            .arg(format!(
-                "--database-toleration={}",
-                crate::lab::runner::RUNNER_LABEL
-            ))
             .args(extra)
             .env("RUST_LOG", "info,bulkhead=debug")
             .stdout(Stdio::null())

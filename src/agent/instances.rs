@@ -28,6 +28,9 @@ use crate::api::instance::{Desired, INSTANCE_PORT, InstanceStatus, Role, parse_l
 use crate::api::mydatabase::DatabaseInstanceStatus;
 use crate::instance::client;
 
+/// How long a round waits for an instance it just told to promote to run as primary.
+const PROMOTION_WAIT: Duration = Duration::from_secs(3);
+
 /// A standby further behind than this is not counted healthy.
 pub const MAX_HEALTHY_LAG_BYTES: u64 = 16 * 1024 * 1024;
 
@@ -46,8 +49,8 @@ impl Default for InstanceSettings {
     fn default() -> Self {
         InstanceSettings {
             round: Duration::from_secs(2),
-            failover_after: Duration::from_secs(6),
-            request_timeout: Duration::from_millis(1500),
+            failover_after: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(1),
         }
     }
 }
@@ -402,11 +405,35 @@ impl Loop {
             }
         }))
         .await;
-        let latest: Vec<Option<InstanceStatus>> = answers
+        let mut latest: Vec<Option<InstanceStatus>> = answers
             .into_iter()
             .zip(asked)
             .map(|(answer, asked)| answer.or(asked))
             .collect();
+        // A promotion (`pg_promote`) takes a moment after the word: wait for it here, so
+        // the read-write Services select the new primary this round, not the next.
+        for (i, pod) in pods.iter().enumerate() {
+            let promoting = desired
+                .iter()
+                .any(|(p, d)| *p == names[i] && d.role == Role::Primary)
+                && latest[i]
+                    .as_ref()
+                    .is_some_and(|s| s.role == Some(Role::Standby));
+            let Some(ip) = pod_ip(pod).filter(|_| promoting) else {
+                continue;
+            };
+            let deadline = Instant::now() + PROMOTION_WAIT;
+            while Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                if let Ok(status) = client::status(SocketAddr::new(ip, INSTANCE_PORT), timeout).await {
+                    let promoted = status.role == Some(Role::Primary);
+                    latest[i] = Some(status);
+                    if promoted {
+                        break;
+                    }
+                }
+            }
+        }
 
         // Label each pod with the role its PostgreSQL runs in: `primary` only once it is
         // both told and running as primary, so the read-write Services never select a

@@ -83,7 +83,7 @@ pub struct AgentOptions {
     pub instance_image: String,
     /// How long a database's primary may not answer before its most advanced standby is
     /// promoted (seconds).
-    #[arg(long, default_value_t = 6.0)]
+    #[arg(long, default_value_t = 5.0)]
     pub failover_after_seconds: f64,
     /// A node label database pods must run on, `KEY=VALUE` (repeatable): dedicated
     /// database nodes.

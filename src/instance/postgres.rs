@@ -433,6 +433,12 @@ impl Server {
             .port(self.port)
             .user(SUPERUSER)
             .dbname("postgres")
+            // The manager's own bookkeeping (slots, roles) never waits for synchronous
+            // standbys: a new primary creates the replication role and the slot a standby
+            // needs before it can stream, which a commit waiting for that standby would
+            // never see. No statement may hold the supervisor (and its self-demotion)
+            // for long either.
+            .options("-c synchronous_commit=local -c statement_timeout=10000")
             .connect_timeout(Duration::from_secs(3));
         let (client, connection) = config
             .connect(tokio_postgres::NoTls)

@@ -50,6 +50,15 @@ use super::{ClusterInfo, network};
 /// the label run for real.
 pub const RUNNER_LABEL: &str = "bulkhead.example.com/lab-runner";
 
+/// The agent's arguments that put database pods on the database node, where they run
+/// real PostgreSQL (without them they land on kwok's nodes and never run).
+pub fn agent_args() -> Vec<String> {
+    vec![
+        format!("--database-node-selector={RUNNER_LABEL}=true"),
+        format!("--database-toleration={RUNNER_LABEL}"),
+    ]
+}
+
 /// The database node of a member.
 pub fn node_name(member: &str) -> String {
     format!("{member}-db")
