@@ -7,6 +7,7 @@ pub mod chaos;
 pub mod federation;
 pub mod hub_support;
 pub mod lab;
+pub mod postgres_support;
 pub mod support;
 pub mod wait;
 

@@ -893,12 +893,12 @@ mod tests {
         assert_eq!(app["port"], "5432");
         assert_eq!(
             app["uri"],
-            format!("postgresql://app:{}@orders-rw.shop.svc:5432/app", app["password"])
+            format!(
+                "postgresql://app:{}@orders-rw.shop.svc:5432/app",
+                app["password"]
+            )
         );
-        assert_eq!(
-            app_secret(&db).metadata.name.as_deref(),
-            Some("orders-app")
-        );
+        assert_eq!(app_secret(&db).metadata.name.as_deref(), Some("orders-app"));
     }
 
     #[test]

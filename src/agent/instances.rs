@@ -48,7 +48,7 @@ pub struct InstanceSettings {
 impl Default for InstanceSettings {
     fn default() -> Self {
         InstanceSettings {
-            round: Duration::from_secs(2),
+            round: Duration::from_secs(1),
             failover_after: Duration::from_secs(5),
             request_timeout: Duration::from_secs(1),
         }
@@ -268,7 +268,10 @@ impl Loop {
 
         if tracked.token.is_none() {
             let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &namespace);
-            match secrets.get_opt(&builders::instance_secret_name(&name)).await {
+            match secrets
+                .get_opt(&builders::instance_secret_name(&name))
+                .await
+            {
                 Ok(Some(secret)) => {
                     tracked.token = secret
                         .data
@@ -357,11 +360,7 @@ impl Loop {
                 synchronous,
             });
             match decision {
-                RoleDecision::Record {
-                    primary,
-                    term,
-                    why,
-                } => {
+                RoleDecision::Record { primary, term, why } => {
                     if !self.record(&database, &primary, term, &why).await {
                         break;
                     }
@@ -376,16 +375,38 @@ impl Loop {
                 }
             }
         }
-        let Some((desired, message)) = told else {
+        let Some((mut desired, message)) = told else {
             return;
         };
+        // While the recorded primary still runs as a standby (being promoted), the others
+        // are given nothing to follow yet: a standby rewound against a primary whose
+        // promotion is not complete would find no new timeline to rewind to.
+        let promoting = read_only.is_none()
+            && tracked.recorded.primary.as_ref().is_some_and(|p| {
+                names
+                    .iter()
+                    .position(|n| n == p)
+                    .and_then(|i| asked[i].as_ref())
+                    .is_some_and(|s| s.role == Some(Role::Standby))
+            });
+        if promoting {
+            for (pod, wanted) in desired.iter_mut() {
+                if Some(pod.as_str()) != tracked.recorded.primary.as_deref() {
+                    wanted.upstream = None;
+                }
+            }
+        }
 
-        // Tell every instance that has an address; its answer is its newest status.
+        // Tell every instance that answered this round (a silent one would only cost the
+        // round another timeout; it hears its role once it answers again); its answer is
+        // its newest status.
         let token = tracked.token.clone();
+        let answered: Vec<bool> = asked.iter().map(Option::is_some).collect();
         let answers = futures::future::join_all(pods.iter().enumerate().map(|(i, pod)| {
             let wanted = desired
                 .iter()
                 .find(|(p, _)| *p == names[i])
+                .filter(|_| answered[i])
                 .map(|(_, d)| d.clone());
             let token = token.clone();
             let database_key = database_key.clone();
@@ -423,9 +444,12 @@ impl Loop {
                 continue;
             };
             let deadline = Instant::now() + PROMOTION_WAIT;
+            tracing::info!(database = %database_key, pod = %names[i], "waiting for the promotion");
             while Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(200)).await;
-                if let Ok(status) = client::status(SocketAddr::new(ip, INSTANCE_PORT), timeout).await {
+                if let Ok(status) =
+                    client::status(SocketAddr::new(ip, INSTANCE_PORT), timeout).await
+                {
                     let promoted = status.role == Some(Role::Primary);
                     latest[i] = Some(status);
                     if promoted {
@@ -462,15 +486,19 @@ impl Loop {
             &message,
         );
         if self.views.set(&database_key, view, Instant::now()) {
-            let _ = self.changed.try_send(ObjectRef::from_obj(database.as_ref()));
+            let _ = self
+                .changed
+                .try_send(ObjectRef::from_obj(database.as_ref()));
         }
     }
 
     /// Records `primary` and `term` in the database's status, only if the database has not
     /// changed since it was read (a concurrent record wins; the next round reads it).
     async fn record(&self, database: &MyDatabase, primary: &str, term: u64, why: &str) -> bool {
-        let api: Api<MyDatabase> =
-            Api::namespaced(self.client.clone(), &database.namespace().unwrap_or_default());
+        let api: Api<MyDatabase> = Api::namespaced(
+            self.client.clone(),
+            &database.namespace().unwrap_or_default(),
+        );
         let patch = serde_json::json!({
             "metadata": {"resourceVersion": database.resource_version()},
             "status": {"primary": primary, "term": term},
@@ -491,7 +519,12 @@ impl Loop {
                     } else {
                         EventType::Normal
                     },
-                    reason: if term > 1 { "Failover" } else { "PrimaryElected" }.into(),
+                    reason: if term > 1 {
+                        "Failover"
+                    } else {
+                        "PrimaryElected"
+                    }
+                    .into(),
                     note: Some(format!("{primary} is the primary under term {term}: {why}")),
                     action: "Failover".into(),
                     secondary: None,
@@ -517,11 +550,16 @@ impl Loop {
         if pod.labels().get(LABEL_ROLE).map(String::as_str) == Some(value) {
             return;
         }
+        tracing::info!(pod = %pod.name_any(), role = value, "labelling the pod with its role");
         let pods: Api<Pod> =
             Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
         let patch = serde_json::json!({"metadata": {"labels": {LABEL_ROLE: value}}});
         if let Err(error) = pods
-            .patch(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .patch(
+                &pod.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
             .await
         {
             tracing::info!(pod = %pod.name_any(), %error, "labelling a database pod with its role");
@@ -578,7 +616,9 @@ pub fn view(
                 reason.words()
             ),
         },
-        (None, Some(i)) if instances[i].role.as_deref() == Some("Primary") && instances[i].ready => {
+        (None, Some(i))
+            if instances[i].role.as_deref() == Some("Primary") && instances[i].ready =>
+        {
             ConditionParts {
                 status: true,
                 reason: "PrimaryReady".into(),
@@ -722,12 +762,20 @@ mod tests {
         );
         assert!(!view.replication_healthy.status);
         assert!(
-            view.replication_healthy.message.contains("orders-1 does not answer")
-                && view.replication_healthy.message.contains("orders-2 is 4294967296 bytes behind"),
+            view.replication_healthy
+                .message
+                .contains("orders-1 does not answer")
+                && view
+                    .replication_healthy
+                    .message
+                    .contains("orders-2 is 4294967296 bytes behind"),
             "{}",
             view.replication_healthy.message
         );
-        assert_eq!(view.instances[1].message, "the instance manager does not answer");
+        assert_eq!(
+            view.instances[1].message,
+            "the instance manager does not answer"
+        );
     }
 
     #[test]
@@ -741,7 +789,11 @@ mod tests {
         );
         assert!(!view.primary_available.status);
         assert_eq!(view.primary_available.reason, "PrimaryUnavailable");
-        assert!(view.primary_available.message.contains("takes over after 6s"));
+        assert!(
+            view.primary_available
+                .message
+                .contains("takes over after 6s")
+        );
     }
 
     #[test]
@@ -763,16 +815,27 @@ mod tests {
         let start = Instant::now();
         let at = |s: u64| start + Duration::from_secs(s);
         let one = |role: Role, lsn: &str| {
-            view(&names(1), &[status(role, lsn, 1)], Some("orders-0"), None, "")
+            view(
+                &names(1),
+                &[status(role, lsn, 1)],
+                Some("orders-0"),
+                None,
+                "",
+            )
         };
         assert!(views.set("shop/orders", one(Role::Primary, "0/10"), at(0)));
-        assert!(!views.set("shop/orders", one(Role::Primary, "0/10"), at(1)), "no change");
+        assert!(
+            !views.set("shop/orders", one(Role::Primary, "0/10"), at(1)),
+            "no change"
+        );
         assert!(
             !views.set("shop/orders", one(Role::Primary, "0/20"), at(2)),
             "a new WAL position alone waits"
         );
         assert_eq!(
-            views.get("shop/orders").unwrap().instances[0].lsn.as_deref(),
+            views.get("shop/orders").unwrap().instances[0]
+                .lsn
+                .as_deref(),
             Some("0/20"),
             "but is kept for the next status write"
         );

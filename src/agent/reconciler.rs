@@ -376,7 +376,12 @@ async fn apply(database: &MyDatabase, context: &Context) -> Result<Action, Recon
         }
     }
     server_side_apply(client, &namespace, &builders::read_only_service(database)).await?;
-    server_side_apply(client, &namespace, &builders::any_instance_service(database)).await?;
+    server_side_apply(
+        client,
+        &namespace,
+        &builders::any_instance_service(database),
+    )
+    .await?;
     if volumes::needs_reuse_check(database, existing.as_ref()) {
         // Before the StatefulSet, and a failure stops the reconcile: it is retried, since
         // the StatefulSet is not ours yet (see `needs_reuse_check`). Going on without it
@@ -1171,8 +1176,11 @@ mod tests {
         let seen = applied.clone();
         let server = serve(handle, move |method, path, body| {
             if path.ends_with("/statefulsets/orders") && method == "GET" {
-                let mut existing =
-                    serde_json::to_value(builders::statefulset(&orders(true, false), &PodSettings::default())).unwrap();
+                let mut existing = serde_json::to_value(builders::statefulset(
+                    &orders(true, false),
+                    &PodSettings::default(),
+                ))
+                .unwrap();
                 existing["metadata"]["generation"] = 1.into();
                 existing["status"] = serde_json::json!({"replicas": 3, "readyReplicas": 3, "updatedReplicas": 3, "observedGeneration": 1});
                 return json(StatusCode::OK, existing);
@@ -1211,7 +1219,8 @@ mod tests {
         let (context, handle) = context(false);
         let mut db = orders(true, false);
         let sts_status = serde_json::json!({"replicas": 3, "readyReplicas": 3, "updatedReplicas": 3, "observedGeneration": 1, "currentRevision": "a", "updateRevision": "a"});
-        let mut sts = serde_json::to_value(builders::statefulset(&db, &PodSettings::default())).unwrap();
+        let mut sts =
+            serde_json::to_value(builders::statefulset(&db, &PodSettings::default())).unwrap();
         sts["metadata"]["generation"] = 1.into();
         sts["status"] = sts_status;
         let typed: StatefulSet = serde_json::from_value(sts.clone()).unwrap();

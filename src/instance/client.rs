@@ -66,7 +66,10 @@ pub async fn status(address: SocketAddr, timeout: Duration) -> Result<InstanceSt
     .await
     .with_context(|| format!("{address} did not answer within {timeout:?}"))??;
     if code != StatusCode::OK {
-        bail!("{address} answered {code}: {}", String::from_utf8_lossy(&body));
+        bail!(
+            "{address} answered {code}: {}",
+            String::from_utf8_lossy(&body)
+        );
     }
     serde_json::from_slice(&body).with_context(|| format!("{address}'s status"))
 }

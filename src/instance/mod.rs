@@ -136,8 +136,13 @@ pub fn copy_binary(destination: &std::path::Path) -> Result<()> {
     std::fs::copy(&source, &partial)
         .with_context(|| format!("copying {} to {}", source.display(), partial.display()))?;
     std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o755))?;
-    std::fs::rename(&partial, destination)
-        .with_context(|| format!("renaming {} to {}", partial.display(), destination.display()))?;
+    std::fs::rename(&partial, destination).with_context(|| {
+        format!(
+            "renaming {} to {}",
+            partial.display(),
+            destination.display()
+        )
+    })?;
     println!("copied {} to {}", source.display(), destination.display());
     Ok(())
 }
@@ -402,6 +407,14 @@ impl Instance {
                 self.server.write_settings(&wanted)?;
                 client.batch_execute("SELECT pg_reload_conf()").await?;
                 Server::promote(&client).await?;
+                // A checkpoint on the new timeline before anyone follows: pg_rewind reads
+                // the timeline from the source's control file, which a promotion updates
+                // only at its next checkpoint (until then an old primary would find "the
+                // same timeline, no rewind required" and never stream).
+                client.batch_execute("CHECKPOINT").await?;
+                // The standbys' slots at once: a synchronous commit waits for a standby
+                // that can only stream once its slot is here.
+                self.server.ensure_slots(&client, &wanted.standbys).await?;
                 *running = Some(wanted.clone());
             }
             (Role::Standby, Role::Primary) => {

@@ -339,7 +339,10 @@ impl Server {
              max_wal_senders = 10\n\
              max_replication_slots = 10\n\
              wal_log_hints = on\n\
-             wal_keep_size = '{}'\n",
+             wal_keep_size = '{}'\n\
+             # A standby whose upstream refused it (a new primary still creating its\n\
+             # slot) tries again after a second, not the default five.\n\
+             wal_retrieve_retry_interval = '1s'\n",
             self.listen,
             self.port,
             self.socket_dir.display(),
@@ -512,7 +515,9 @@ impl Server {
                 .is_some();
             let verb = if exists { "ALTER" } else { "CREATE" };
             client
-                .batch_execute(&format!("{verb} ROLE {user} WITH LOGIN PASSWORD {password}"))
+                .batch_execute(&format!(
+                    "{verb} ROLE {user} WITH LOGIN PASSWORD {password}"
+                ))
                 .await?;
             let database_exists = client
                 .query_opt(

@@ -506,7 +506,10 @@ impl Lab {
                 // A trailing `/`: `is_lab_process` knows the lab's processes by it.
                 format!("--lab-dir={}/", self.root.display()),
                 format!("--cluster={}", info.name),
-                format!("--bulkhead={}", crate::agent_support::bulkhead_binary()?.display()),
+                format!(
+                    "--bulkhead={}",
+                    crate::agent_support::bulkhead_binary()?.display()
+                ),
             ];
             self.start_program(&mut state, info, "runner", &runner, args)?;
         }

@@ -314,10 +314,10 @@ impl Runner {
         }
         let pods: Api<Pod> = Api::all(self.client.clone());
         let list = pods
-            .list(&ListParams::default().fields(&format!(
-                "spec.nodeName={}",
-                node_name(self.info.name)
-            )))
+            .list(
+                &ListParams::default()
+                    .fields(&format!("spec.nodeName={}", node_name(self.info.name))),
+            )
             .await
             .context("listing the node's pods")?;
         self.stopping.retain(|_, task| !task.is_finished());
@@ -581,10 +581,12 @@ async fn volumes(
             let name = secret.secret_name.clone().unwrap_or_default();
             let dir = run.dir.join("volumes").join(&volume.name);
             let secrets: Api<Secret> = Api::namespaced(client.clone(), &run.namespace);
-            let found = secrets
-                .get_opt(&name)
-                .await?
-                .with_context(|| format!("the Secret {name} the volume {} mounts does not exist yet", volume.name))?;
+            let found = secrets.get_opt(&name).await?.with_context(|| {
+                format!(
+                    "the Secret {name} the volume {} mounts does not exist yet",
+                    volume.name
+                )
+            })?;
             std::fs::create_dir_all(&dir)?;
             for (key, value) in found.data.unwrap_or_default() {
                 std::fs::write(dir.join(&key), &value.0)?;
@@ -605,10 +607,16 @@ async fn volumes(
 fn container_mounts(container: &Container, volumes: &BTreeMap<String, PathBuf>) -> Result<Mounts> {
     let mut mounts: Mounts = vec![];
     for mount in container.volume_mounts.clone().unwrap_or_default() {
-        let dir = volumes
-            .get(&mount.name)
-            .with_context(|| format!("container {} mounts an unknown volume {}", container.name, mount.name))?;
-        mounts.push((mount.mount_path.trim_end_matches('/').to_string(), dir.clone()));
+        let dir = volumes.get(&mount.name).with_context(|| {
+            format!(
+                "container {} mounts an unknown volume {}",
+                container.name, mount.name
+            )
+        })?;
+        mounts.push((
+            mount.mount_path.trim_end_matches('/').to_string(),
+            dir.clone(),
+        ));
     }
     // Longest first: a mount inside another wins.
     mounts.sort_by_key(|(path, _)| std::cmp::Reverse(path.len()));
@@ -681,7 +689,10 @@ async fn environment(
                     "metadata.uid" => run.uid.clone(),
                     "status.podIP" => inside.to_string(),
                     "spec.nodeName" => node_name(info.name),
-                    other => bail!("env {}: the lab runner does not serve fieldRef {other}", var.name),
+                    other => bail!(
+                        "env {}: the lab runner does not serve fieldRef {other}",
+                        var.name
+                    ),
                 }
             } else if let Some(key) = from.secret_key_ref {
                 let secrets: Api<Secret> = Api::namespaced(client.clone(), &run.namespace);
@@ -693,10 +704,18 @@ async fn environment(
                     .data
                     .unwrap_or_default()
                     .remove(&key.key)
-                    .with_context(|| format!("env {}: no key {} in Secret {}", var.name, key.key, key.name))?;
+                    .with_context(|| {
+                        format!(
+                            "env {}: no key {} in Secret {}",
+                            var.name, key.key, key.name
+                        )
+                    })?;
                 String::from_utf8_lossy(&bytes.0).into_owned()
             } else {
-                bail!("env {}: the lab runner serves value, fieldRef and secretKeyRef", var.name)
+                bail!(
+                    "env {}: the lab runner serves value, fieldRef and secretKeyRef",
+                    var.name
+                )
             }
         } else {
             String::new()
@@ -759,7 +778,13 @@ async fn spawn(
         .process_group(0);
     let child = tokio::process::Command::from(cmd)
         .spawn()
-        .with_context(|| format!("starting {} for container {}", program.display(), container.name))?;
+        .with_context(|| {
+            format!(
+                "starting {} for container {}",
+                program.display(),
+                container.name
+            )
+        })?;
     Ok(child)
 }
 
@@ -778,7 +803,9 @@ async fn prepare(
         let mut child = spawn(client, info, bulkhead, pod, run, &container, &volumes).await?;
         let status = tokio::time::timeout(Duration::from_secs(120), child.wait())
             .await
-            .with_context(|| format!("init container {} still runs after 120 s", container.name))??;
+            .with_context(|| {
+                format!("init container {} still runs after 120 s", container.name)
+            })??;
         if !status.success() {
             bail!(
                 "init container {} failed ({status}); see {}",
@@ -809,7 +836,8 @@ async fn start_container(
 async fn http_ok(address: Ipv4Addr, port: u16, path: &str) -> bool {
     let attempt = async {
         let mut stream = tokio::net::TcpStream::connect((address, port)).await.ok()?;
-        let request = format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+        let request =
+            format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
         stream.write_all(request.as_bytes()).await.ok()?;
         let mut head = [0u8; 12];
         stream.read_exact(&mut head).await.ok()?;

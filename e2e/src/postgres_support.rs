@@ -1,0 +1,201 @@
+//! Real PostgreSQL in the lab: a MyDatabase's credentials and addresses, a real client
+//! (tokio-postgres), and freezing an instance as a hung node would.
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use bulkhead::api::MyDatabase;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::ListParams;
+use kube::{Api, Client};
+
+use crate::lab::{ClusterInfo, Lab, runner};
+use crate::{Check, wait_for};
+
+/// The application's credentials from the database's `<name>-app` Secret.
+#[derive(Clone, Debug)]
+pub struct AppCredentials {
+    pub user: String,
+    pub password: String,
+    pub dbname: String,
+}
+
+pub async fn app_credentials(client: &Client, ns: &str, name: &str) -> Result<AppCredentials> {
+    let secret = Api::<Secret>::namespaced(client.clone(), ns)
+        .get(&format!("{name}-app"))
+        .await
+        .with_context(|| format!("reading the Secret {name}-app"))?;
+    let data = secret.data.unwrap_or_default();
+    let field = |key: &str| -> Result<String> {
+        Ok(String::from_utf8(
+            data.get(key)
+                .with_context(|| format!("{name}-app has no {key}"))?
+                .0
+                .clone(),
+        )?)
+    };
+    Ok(AppCredentials {
+        user: field("username")?,
+        password: field("password")?,
+        dbname: field("dbname")?,
+    })
+}
+
+/// A connection as the application's user, to PostgreSQL at `address`.
+pub async fn connect(
+    address: Ipv4Addr,
+    credentials: &AppCredentials,
+) -> Result<tokio_postgres::Client> {
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host(address.to_string())
+        .port(5432)
+        .user(&credentials.user)
+        .password(&credentials.password)
+        .dbname(&credentials.dbname)
+        .connect_timeout(Duration::from_secs(3));
+    let (client, connection) = config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .with_context(|| format!("connecting to {address}:5432"))?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+/// The ready endpoints (pod IPs: inside addresses) of a Service.
+pub async fn endpoints(client: &Client, ns: &str, service: &str) -> Result<Vec<Ipv4Addr>> {
+    let list = Api::<EndpointSlice>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={service}")))
+        .await?;
+    Ok(list
+        .items
+        .iter()
+        .flat_map(|s| s.endpoints.iter().flatten())
+        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+        .flat_map(|e| e.addresses.iter())
+        .filter_map(|a| a.parse().ok())
+        .collect())
+}
+
+/// Waits until the database's primary is available and its standbys stream, and returns
+/// the `-rw` Service's endpoint.
+pub async fn wait_streaming(client: &Client, ns: &str, name: &str) -> Result<Ipv4Addr> {
+    let api: Api<MyDatabase> = Api::namespaced(client.clone(), ns);
+    wait_for(
+        &format!("MyDatabase {name}: primary available, standbys streaming, -rw has it"),
+        Duration::from_secs(120),
+        || {
+            let api = api.clone();
+            async move {
+                let db = match api.get(name).await {
+                    Ok(db) => db,
+                    Err(e) => return Check::Waiting(e.to_string()),
+                };
+                let status = db.status.unwrap_or_default();
+                let condition = |type_: &str| {
+                    bulkhead::api::find_condition(&status.conditions, type_)
+                        .map(|c| (c.status == "True", c.message.clone()))
+                        .unwrap_or((false, "not reported".into()))
+                };
+                let (primary, primary_message) = condition("PrimaryAvailable");
+                let (streaming, streaming_message) = condition("ReplicationHealthy");
+                let rw = endpoints(client, ns, &format!("{name}-rw")).await.unwrap_or_default();
+                let ready = status.instances.len() == db.spec.replicas as usize
+                    && status.instances.iter().all(|i| i.ready);
+                if primary && streaming && ready && rw.len() == 1 {
+                    Check::Done(rw[0])
+                } else {
+                    Check::Waiting(format!(
+                        "PrimaryAvailable {primary} ({primary_message}); ReplicationHealthy {streaming} ({streaming_message}); {} of {} instances ready; -rw endpoints {rw:?}",
+                        status.instances.iter().filter(|i| i.ready).count(),
+                        db.spec.replicas
+                    ))
+                }
+            }
+        },
+    )
+    .await
+}
+
+/// The SQLSTATE of a failed statement, if the server sent one.
+pub fn sqlstate(error: &tokio_postgres::Error) -> Option<String> {
+    error.code().map(|c| c.code().to_string())
+}
+
+/// The processes of one instance (its `bulkhead instance`, its postmaster and the
+/// postmaster's children), found by the pod's data directory on the lab host.
+fn instance_processes(lab: &Lab, info: &ClusterInfo, ns: &str, pod: &str) -> Result<Vec<i32>> {
+    let pgdata = lab
+        .root
+        .join(info.name)
+        .join("claims")
+        .join(ns)
+        .join(format!("data-{pod}"))
+        .join("pgdata");
+    let marker = pgdata.display().to_string();
+    let mut found = vec![];
+    for entry in std::fs::read_dir("/proc")? {
+        let Ok(pid) = entry?.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let command = String::from_utf8_lossy(&raw).replace('\0', " ");
+        if command.contains(&marker) {
+            found.push(pid);
+        }
+    }
+    let postmasters = found.clone();
+    for entry in std::fs::read_dir("/proc")? {
+        let Ok(pid) = entry?.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let parent: Option<i32> = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse().ok());
+        if parent.is_some_and(|p| postmasters.contains(&p)) && !found.contains(&pid) {
+            found.push(pid);
+        }
+    }
+    if found.is_empty() {
+        bail!("no process of {ns}/{pod} runs (data directory {marker})");
+    }
+    Ok(found)
+}
+
+/// Stops (SIGSTOP) every process of an instance: a hung node, as its agent sees it.
+pub fn freeze(lab: &Lab, info: &ClusterInfo, ns: &str, pod: &str) -> Result<Vec<i32>> {
+    let pids = instance_processes(lab, info, ns, pod)?;
+    for pid in &pids {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*pid),
+            nix::sys::signal::Signal::SIGSTOP,
+        );
+    }
+    Ok(pids)
+}
+
+/// Resumes processes stopped by [`freeze`].
+pub fn thaw(pids: &[i32]) {
+    for pid in pids {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*pid),
+            nix::sys::signal::Signal::SIGCONT,
+        );
+    }
+}
+
+/// The address a client outside the member's zone uses for a pod IP.
+pub fn outside(pod_ip: Ipv4Addr) -> Result<Ipv4Addr> {
+    runner::outside_of(pod_ip)
+        .with_context(|| format!("{pod_ip} is not a lab database pod's address"))
+}

@@ -1,0 +1,390 @@
+//! MyDatabase as real PostgreSQL: the lab's database node runs each pod's `bulkhead
+//! instance` and PostgreSQL as host processes, and these tests talk to them with a real
+//! client (tokio-postgres) through the Services' endpoints.
+
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use bulkhead::api::MyDatabase;
+use bulkhead_e2e::agent_support::{AgentProcess, LeaseRenewer};
+use bulkhead_e2e::lab::{self, runner};
+use bulkhead_e2e::postgres_support::{
+    AppCredentials, app_credentials, connect, endpoints, freeze, outside, sqlstate, thaw,
+    wait_streaming,
+};
+use bulkhead_e2e::support::{self, Partition, TestNamespace};
+use bulkhead_e2e::{Check, wait_for};
+use kube::api::PostParams;
+use kube::{Api, Client};
+
+/// SQLSTATE `read_only_sql_transaction`: the server refused a write.
+const READ_ONLY: &str = "25006";
+
+fn database(name: &str, replicas: i32, synchronous: u32) -> Result<MyDatabase> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "apiVersion": "example.com/v1", "kind": "MyDatabase",
+        "metadata": {"name": name},
+        "spec": {"replicas": replicas, "version": "15", "storage": {"size": "1Gi"},
+                 "topology": {"synchronous": synchronous}}
+    }))?)
+}
+
+async fn setup(cluster: &str, prefix: &str) -> Result<(lab::Lab, TestNamespace, Client)> {
+    let lab = support::lab().await?;
+    lab.install_crds(cluster, &lab::crd_dir()).await?;
+    let namespace = TestNamespace::create(&lab, prefix, &[cluster]).await?;
+    let client = lab.inside_client(cluster).await?;
+    Ok((lab, namespace, client))
+}
+
+fn agent(lab: &lab::Lab, cluster: &str, ns: &str, extra: &[&str]) -> Result<AgentProcess> {
+    let mut args: Vec<String> = runner::agent_args();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    AgentProcess::start(lab, cluster, ns, &args)
+}
+
+async fn count(client: &tokio_postgres::Client) -> Result<i64> {
+    Ok(client
+        .query_one("SELECT count(*) FROM orders", &[])
+        .await?
+        .get(0))
+}
+
+/// Waits until a standby at `address` has `rows` rows.
+async fn wait_rows(address: Ipv4Addr, credentials: &AppCredentials, rows: i64) -> Result<()> {
+    wait_for(
+        &format!("{address} has {rows} rows"),
+        Duration::from_secs(30),
+        || async move {
+            match connect(address, credentials).await {
+                Ok(client) => match count(&client).await {
+                    Ok(n) if n == rows => Check::Done(()),
+                    Ok(n) => Check::Waiting(format!("{n} rows")),
+                    Err(e) => Check::Waiting(e.to_string()),
+                },
+                Err(e) => Check::Waiting(format!("{e:#}")),
+            }
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn writes_reach_every_standby_and_a_hung_primary_fails_over_without_losing_one() -> Result<()>
+{
+    let cluster = "west";
+    let (lab, namespace, client) = setup(cluster, "pg-failover").await?;
+    let ns = namespace.name.as_str();
+    let info = lab::member(cluster)?;
+    let agent = agent(&lab, cluster, ns, &["--no-fencing"])?;
+    Api::<MyDatabase>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &database("orders", 3, 1)?)
+        .await?;
+    let primary = wait_streaming(&client, ns, "orders")
+        .await
+        .with_context(|| format!("agent log:\n{}", agent.log_tail()))?;
+    let credentials = app_credentials(&client, ns, "orders").await?;
+
+    // Writes through -rw land on the primary; every standby (-ro) has them and refuses
+    // writes itself.
+    let writer = connect(primary, &credentials).await?;
+    writer
+        .batch_execute("CREATE TABLE orders (id int PRIMARY KEY)")
+        .await?;
+    let mut acknowledged = 0;
+    for id in 0..50 {
+        writer
+            .execute("INSERT INTO orders VALUES ($1)", &[&id])
+            .await?;
+        acknowledged += 1;
+    }
+    let standbys = wait_for(
+        "two standbys behind -ro",
+        Duration::from_secs(30),
+        || async {
+            match endpoints(&client, ns, "orders-ro").await {
+                Ok(standbys) if standbys.len() == 2 => Check::Done(standbys),
+                Ok(other) => Check::Waiting(format!("{other:?}")),
+                Err(e) => Check::Waiting(e.to_string()),
+            }
+        },
+    )
+    .await?;
+    assert!(!standbys.contains(&primary));
+    for standby in &standbys {
+        wait_rows(*standby, &credentials, acknowledged).await?;
+        let error = connect(*standby, &credentials)
+            .await?
+            .execute("INSERT INTO orders VALUES (1000)", &[])
+            .await
+            .expect_err("a standby refuses writes");
+        assert_eq!(sqlstate(&error).as_deref(), Some(READ_ONLY), "{error}");
+    }
+
+    // The primary hangs (every process stopped, as on a frozen node): a standby takes
+    // over, and with `synchronous: 1` every acknowledged write is there.
+    let db: MyDatabase = Api::namespaced(client.clone(), ns).get("orders").await?;
+    let old_primary = db
+        .status
+        .as_ref()
+        .and_then(|s| s.primary.clone())
+        .context("primary")?;
+    let old_term = db.status.as_ref().map(|s| s.term).unwrap_or_default();
+    let frozen = freeze(&lab, info, ns, &old_primary)?;
+    let frozen_at = Instant::now();
+    let new_primary = wait_for(
+        "-rw selects another instance, which takes a write",
+        Duration::from_secs(30),
+        || {
+            let (client, credentials) = (client.clone(), credentials.clone());
+            async move {
+                let rw = endpoints(&client, ns, "orders-rw")
+                    .await
+                    .unwrap_or_default();
+                match rw.as_slice() {
+                    [address] if *address != primary => match connect(*address, &credentials).await
+                    {
+                        Ok(c) => match c.execute("INSERT INTO orders VALUES (50)", &[]).await {
+                            Ok(_) => Check::Done(*address),
+                            Err(e) => Check::Waiting(e.to_string()),
+                        },
+                        Err(e) => Check::Waiting(format!("{e:#}")),
+                    },
+                    other => Check::Waiting(format!("-rw endpoints {other:?}")),
+                }
+            }
+        },
+    )
+    .await;
+    let failover = frozen_at.elapsed();
+    thaw(&frozen);
+    let new_primary = new_primary.with_context(|| format!("agent log:\n{}", agent.log_tail()))?;
+    acknowledged += 1;
+    eprintln!("a hung primary: another instance took a write {failover:?} after the freeze");
+    assert!(
+        failover <= Duration::from_secs(10),
+        "a standby is primary within 10 s of the primary hanging, took {failover:?}"
+    );
+    let writer = connect(new_primary, &credentials).await?;
+    assert_eq!(
+        count(&writer).await?,
+        acknowledged,
+        "no acknowledged write lost (synchronous: 1)"
+    );
+    let db: MyDatabase = Api::namespaced(client.clone(), ns).get("orders").await?;
+    let status = db.status.unwrap_or_default();
+    assert_eq!(status.term, old_term + 1, "the promotion raised the term");
+    assert_ne!(status.primary.as_deref(), Some(old_primary.as_str()));
+
+    // The old primary comes back under the old term: it rejoins as a standby of the new
+    // one, never as a second primary.
+    wait_for(
+        "the old primary streams as a standby under the new term",
+        Duration::from_secs(60),
+        || {
+            let api: Api<MyDatabase> = Api::namespaced(client.clone(), ns);
+            let old_primary = old_primary.clone();
+            async move {
+                let Ok(db) = api.get("orders").await else {
+                    return Check::Waiting("reading".into());
+                };
+                let status = db.status.unwrap_or_default();
+                match status.instances.iter().find(|i| i.name == old_primary) {
+                    Some(i)
+                        if i.role.as_deref() == Some("Standby")
+                            && i.term == old_term + 1
+                            && i.ready =>
+                    {
+                        Check::Done(())
+                    }
+                    other => Check::Waiting(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await?;
+    wait_rows(primary, &credentials, acknowledged).await?;
+    let error = connect(primary, &credentials)
+        .await?
+        .execute("INSERT INTO orders VALUES (1001)", &[])
+        .await
+        .expect_err("the old primary is a standby now");
+    assert_eq!(sqlstate(&error).as_deref(), Some(READ_ONLY), "{error}");
+    assert_eq!(endpoints(&client, ns, "orders-rw").await?, [new_primary]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_cut_off_zone_refuses_writes_in_the_server_and_keeps_serving_reads() -> Result<()> {
+    let cluster = "east";
+    let (lab, namespace, client) = setup(cluster, "pg-fence").await?;
+    let ns = namespace.name.as_str();
+    let lease_seconds = 3;
+    let agent = agent(
+        &lab,
+        cluster,
+        ns,
+        &[
+            "--lease-namespace",
+            ns,
+            "--lease-name",
+            "hub",
+            "--lease-duration-seconds",
+            "3",
+            "--unfence-after-seconds",
+            "1",
+        ],
+    )?;
+    // The "hub" renews from outside the zone, as the real one does: a partition stops it.
+    let _renewer = LeaseRenewer::start(
+        lab.client(cluster).await?,
+        ns,
+        "hub",
+        lease_seconds,
+        Duration::from_millis(500),
+    );
+    Api::<MyDatabase>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &database("ledger", 2, 0)?)
+        .await?;
+    let primary = wait_streaming(&client, ns, "ledger")
+        .await
+        .with_context(|| format!("agent log:\n{}", agent.log_tail()))?;
+    let credentials = app_credentials(&client, ns, "ledger").await?;
+
+    // A client outside the zone writes through the primary's outside address; one inside
+    // the zone keeps a session open through the cut.
+    let outside_client = connect(outside(primary)?, &credentials).await?;
+    outside_client
+        .batch_execute("CREATE TABLE orders (id int PRIMARY KEY)")
+        .await?;
+    for id in 0..20 {
+        outside_client
+            .execute("INSERT INTO orders VALUES ($1)", &[&id])
+            .await?;
+    }
+    let acknowledged = 20;
+    let open_inside = connect(primary, &credentials).await?;
+    open_inside
+        .execute("INSERT INTO orders VALUES (20)", &[])
+        .await?;
+    let acknowledged = acknowledged + 1;
+
+    let partition = Partition::start(&lab, cluster)?;
+    let cut_at = Instant::now();
+    // Outside clients are cut off like the API server.
+    let outside_try = tokio::time::timeout(
+        Duration::from_secs(3),
+        connect(outside(primary)?, &credentials),
+    )
+    .await;
+    assert!(
+        !matches!(outside_try, Ok(Ok(_))),
+        "a client outside the zone cannot reach the database during the partition"
+    );
+
+    // Inside the zone the server itself refuses writes once the agent fences (the hub's
+    // lease is stale): the open session is ended by the demotion, and a new one's write
+    // gets 25006 whatever the session sets.
+    // Until the lease runs out the zone still takes writes (each is acknowledged, and
+    // counted).
+    let accepted = std::sync::atomic::AtomicI64::new(0);
+    let refused_at = wait_for(
+        "the server refuses writes inside the cut-off zone",
+        Duration::from_secs(30),
+        || {
+            let (credentials, accepted) = (credentials.clone(), &accepted);
+            async move {
+                let session = match connect(primary, &credentials).await {
+                    Ok(s) => s,
+                    Err(e) => return Check::Waiting(format!("{e:#}")),
+                };
+                let id = 1000 + accepted.load(std::sync::atomic::Ordering::SeqCst) as i32;
+                match session
+                    .batch_execute(&format!(
+                        "SET default_transaction_read_only = off; INSERT INTO orders VALUES ({id})"
+                    ))
+                    .await
+                {
+                    Err(e) if sqlstate(&e).as_deref() == Some(READ_ONLY) => {
+                        Check::Done(Instant::now())
+                    }
+                    Err(e) => Check::Waiting(e.to_string()),
+                    Ok(()) => {
+                        accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        Check::Waiting("the write was accepted".into())
+                    }
+                }
+            }
+        },
+    )
+    .await
+    .with_context(|| format!("agent log:\n{}", agent.log_tail()))?;
+    let acknowledged = acknowledged + accepted.load(std::sync::atomic::Ordering::SeqCst);
+    eprintln!(
+        "{} writes accepted inside the zone before the fence",
+        accepted.load(std::sync::atomic::Ordering::SeqCst)
+    );
+    let refused_after = refused_at - cut_at;
+    eprintln!(
+        "writes refused by the server {refused_after:?} after the cut (lease {lease_seconds} s)"
+    );
+    assert!(
+        refused_after <= Duration::from_secs(lease_seconds as u64 + 2),
+        "refused within lease + 2 s, took {refused_after:?}"
+    );
+    let error = open_inside
+        .execute("INSERT INTO orders VALUES (1001)", &[])
+        .await
+        .expect_err("the session open at the fence cannot write");
+    eprintln!("the session open through the cut: {error}");
+    // Reads keep working in the zone, from every instance.
+    for address in endpoints(&client, ns, "ledger-r").await? {
+        let reader = connect(address, &credentials).await?;
+        assert_eq!(
+            count(&reader).await?,
+            acknowledged,
+            "{address} serves reads"
+        );
+    }
+    assert!(
+        endpoints(&client, ns, "ledger-rw").await?.is_empty(),
+        "-rw has no endpoints while fenced"
+    );
+
+    // Heal: the hub's lease is fresh again, the primary is promoted, writes resume and
+    // every write acknowledged before the cut is there.
+    partition.heal()?;
+    let healed_at = Instant::now();
+    let writable = wait_for(
+        "writes accepted again after the heal",
+        Duration::from_secs(60),
+        || {
+            let (client, credentials) = (client.clone(), credentials.clone());
+            async move {
+                let rw = endpoints(&client, ns, "ledger-rw")
+                    .await
+                    .unwrap_or_default();
+                let Some(address) = rw.first() else {
+                    return Check::Waiting("-rw has no endpoint".into());
+                };
+                match connect(outside(*address).unwrap(), &credentials).await {
+                    Ok(c) => match c.execute("INSERT INTO orders VALUES (21)", &[]).await {
+                        Ok(_) => Check::Done(c),
+                        Err(e) => Check::Waiting(e.to_string()),
+                    },
+                    Err(e) => Check::Waiting(format!("{e:#}")),
+                }
+            }
+        },
+    )
+    .await?;
+    eprintln!("writable again {:?} after the heal", healed_at.elapsed());
+    assert_eq!(
+        count(&writable).await?,
+        acknowledged + 1,
+        "every write acknowledged before the cut is there"
+    );
+    Ok(())
+}
