@@ -8,7 +8,7 @@ use std::time::Duration;
 use std::collections::BTreeMap;
 
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::ListParams;
 
@@ -275,17 +275,4 @@ pub async fn wait_endpoints(client: &Client, ns: &str, service: &str, count: usi
         },
     )
     .await
-}
-
-/// Whether the database's ConfigMap says `default_transaction_read_only = on`.
-pub async fn config_read_only(client: &Client, ns: &str, name: &str) -> Result<bool> {
-    let cm = Api::<ConfigMap>::namespaced(client.clone(), ns)
-        .get(&format!("{name}-config"))
-        .await?;
-    let conf = cm
-        .data
-        .unwrap_or_default()
-        .remove("postgresql.conf")
-        .unwrap_or_default();
-    Ok(conf.contains("default_transaction_read_only = on"))
 }

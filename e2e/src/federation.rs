@@ -125,6 +125,24 @@ impl Federation {
         hub_kubeconfig: Option<std::path::PathBuf>,
         join_extra: &[&str],
     ) -> Result<Self> {
+        Self::start_full(prefix, extra_hub_args, probe, hub_kubeconfig, join_extra, false).await
+    }
+
+    /// [`Federation::start`] whose MyDatabases run real PostgreSQL on each member's
+    /// database node (the lab runner). Without it their pods land on kwok's nodes: the
+    /// API objects are all there, no server runs.
+    pub async fn start_with_databases(prefix: &str, extra_hub_args: &[&str]) -> Result<Self> {
+        Self::start_full(prefix, extra_hub_args, &["1", "1"], None, &[], true).await
+    }
+
+    async fn start_full(
+        prefix: &str,
+        extra_hub_args: &[&str],
+        probe: &[&str; 2],
+        hub_kubeconfig: Option<std::path::PathBuf>,
+        join_extra: &[&str],
+        real_databases: bool,
+    ) -> Result<Self> {
         let lab = crate::support::lab().await?;
         lab.install_crds("hub", &crate::lab::crd_dir()).await?;
         for (name, zone, region) in MEMBERS {
@@ -153,16 +171,21 @@ impl Federation {
         let lease_seconds = LEASE_DURATION_SECONDS.to_string();
         for (name, _, _) in MEMBERS {
             members.insert(name.to_string(), lab.inside_client(name).await?);
+            let mut agent_args: Vec<String> = vec![
+                "--lease-duration-seconds".into(),
+                lease_seconds.clone(),
+                "--unfence-after-seconds".into(),
+                "2".into(),
+            ];
+            if real_databases {
+                agent_args.extend(crate::lab::runner::agent_args());
+            }
+            let agent_args: Vec<&str> = agent_args.iter().map(String::as_str).collect();
             agents.push(AgentProcess::start(
                 &lab,
                 name,
                 &namespace.name,
-                &[
-                    "--lease-duration-seconds",
-                    &lease_seconds,
-                    "--unfence-after-seconds",
-                    "2",
-                ],
+                &agent_args,
             )?);
         }
         let mut hub_args: Vec<String> = vec![

@@ -1,6 +1,8 @@
 //! The member agent against a real lab member: the MyDatabase lifecycle, read-only mode
 //! and fencing by the hub's lease. Each test runs its own agent process limited to the
 //! test's namespace, with the lease in that namespace, so tests never disturb each other.
+//! The databases run real PostgreSQL on the member's database node (the lab runner);
+//! `tests/postgres.rs` talks to them with a client.
 
 use std::time::{Duration, Instant};
 
@@ -8,14 +10,13 @@ use anyhow::{Context, Result};
 use bulkhead::api::MyDatabase;
 use bulkhead::api::mydatabase::DatabasePhase;
 use bulkhead_e2e::agent_support::{
-    AgentProcess, LeaseRenewer, config_read_only, pods, ready_endpoints, renew_lease,
-    wait_endpoints,
+    AgentProcess, LeaseRenewer, pods, ready_endpoints, renew_lease, wait_endpoints,
 };
 use bulkhead_e2e::lab;
 use bulkhead_e2e::support::{self, TestNamespace};
 use bulkhead_e2e::{Check, wait_for};
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 
@@ -27,6 +28,32 @@ fn database(name: &str, replicas: i32, version: &str) -> Result<MyDatabase> {
         "metadata": {"name": name},
         "spec": {"replicas": replicas, "version": version, "storage": {"size": "1Gi"}}
     }))?)
+}
+
+/// The test's agent, its database pods on the database node (real PostgreSQL).
+fn start_agent(lab: &lab::Lab, ns: &str, extra: &[&str]) -> Result<AgentProcess> {
+    let mut args = lab::runner::agent_args();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    AgentProcess::start(lab, CLUSTER, ns, &args)
+}
+
+/// Whether the read-write Services select nothing at once (the agent's first step when
+/// read-only: before the primary is demoted).
+async fn writers_routed_away(client: &Client, ns: &str, name: &str) -> Result<bool> {
+    let services: Api<Service> = Api::namespaced(client.clone(), ns);
+    for service in [name.to_string(), format!("{name}-rw")] {
+        let selector = services
+            .get(&service)
+            .await?
+            .spec
+            .and_then(|s| s.selector)
+            .unwrap_or_default();
+        if !selector.contains_key("example.com/accepts-writes") {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 async fn setup(prefix: &str) -> Result<(lab::Lab, TestNamespace, Client)> {
@@ -81,7 +108,7 @@ async fn wait_phase(
 async fn lifecycle_create_scale_upgrade_heal_and_delete() -> Result<()> {
     let (lab, namespace, client) = setup("agent-life").await?;
     let ns = namespace.name.as_str();
-    let agent = AgentProcess::start(&lab, CLUSTER, ns, &["--no-fencing"])?;
+    let agent = start_agent(&lab, ns, &["--no-fencing"])?;
     let api: Api<MyDatabase> = Api::namespaced(client.clone(), ns);
 
     let started = Instant::now();
@@ -105,13 +132,21 @@ async fn lifecycle_create_scale_upgrade_heal_and_delete() -> Result<()> {
     let spec = sts.spec.unwrap();
     assert_eq!(spec.pod_management_policy.as_deref(), Some("OrderedReady"));
     assert_eq!(spec.revision_history_limit, Some(5));
-    for service in ["orders", "orders-ro", "orders-headless"] {
+    for service in [
+        "orders",
+        "orders-rw",
+        "orders-ro",
+        "orders-r",
+        "orders-headless",
+    ] {
         Api::<Service>::namespaced(client.clone(), ns)
             .get(service)
             .await
             .with_context(|| format!("Service {service}"))?;
     }
-    assert!(!config_read_only(&client, ns, "orders").await?);
+    assert!(!writers_routed_away(&client, ns, "orders").await?);
+    wait_endpoints(&client, ns, "orders-rw", 1).await?;
+    wait_endpoints(&client, ns, "orders-ro", 2).await?;
 
     // The scale subresource, as `kubectl scale db/orders --replicas=5` uses it.
     for replicas in [5, 2] {
@@ -263,14 +298,13 @@ struct Leftovers {
     database: bool,
     statefulset: bool,
     services: usize,
-    config_map: bool,
     claims: usize,
     released: usize,
 }
 
 impl Leftovers {
     fn children_gone(&self) -> bool {
-        !self.database && !self.statefulset && self.services == 0 && !self.config_map
+        !self.database && !self.statefulset && self.services == 0
     }
 }
 
@@ -293,10 +327,6 @@ async fn leftovers(client: &Client, ns: &str, name: &str) -> Result<Leftovers> {
             .await?
             .items
             .len(),
-        config_map: Api::<ConfigMap>::namespaced(client.clone(), ns)
-            .get_opt(&format!("{name}-config"))
-            .await?
-            .is_some(),
         released: claims
             .items
             .iter()
@@ -307,16 +337,16 @@ async fn leftovers(client: &Client, ns: &str, name: &str) -> Result<Leftovers> {
 }
 
 #[tokio::test]
-async fn read_only_mode_empties_the_write_service_without_restarting_pods() -> Result<()> {
+async fn read_only_mode_demotes_the_primary_without_restarting_pods() -> Result<()> {
     let (lab, namespace, client) = setup("agent-ro").await?;
     let ns = namespace.name.as_str();
-    let agent = AgentProcess::start(&lab, CLUSTER, ns, &["--no-fencing"])?;
+    let agent = start_agent(&lab, ns, &["--no-fencing"])?;
     let api: Api<MyDatabase> = Api::namespaced(client.clone(), ns);
     api.create(&PostParams::default(), &database("ledger", 3, "16")?)
         .await?;
     wait_phase(&client, ns, "ledger", DatabasePhase::Ready, 3, &agent).await?;
-    wait_endpoints(&client, ns, "ledger", 3).await?;
-    wait_endpoints(&client, ns, "ledger-ro", 3).await?;
+    wait_endpoints(&client, ns, "ledger", 1).await?;
+    wait_endpoints(&client, ns, "ledger-ro", 2).await?;
     let before = pods(&client, ns, "ledger").await?;
 
     api.patch(
@@ -334,12 +364,11 @@ async fn read_only_mode_empties_the_write_service_without_restarting_pods() -> R
         ("True", "Requested")
     );
     wait_endpoints(&client, ns, "ledger", 0).await?;
-    assert_eq!(
-        ready_endpoints(&client, ns, "ledger-ro").await?,
-        3,
-        "reads keep every replica"
-    );
-    assert!(config_read_only(&client, ns, "ledger").await?);
+    wait_endpoints(&client, ns, "ledger-rw", 0).await?;
+    // Every instance is a hot standby now (the server refuses writes, tests/postgres.rs),
+    // so -ro serves reads from all three.
+    wait_endpoints(&client, ns, "ledger-ro", 3).await?;
+    assert!(writers_routed_away(&client, ns, "ledger").await?);
     assert_eq!(
         pods(&client, ns, "ledger").await?,
         before,
@@ -353,8 +382,9 @@ async fn read_only_mode_empties_the_write_service_without_restarting_pods() -> R
     )
     .await?;
     wait_phase(&client, ns, "ledger", DatabasePhase::Ready, 3, &agent).await?;
-    wait_endpoints(&client, ns, "ledger", 3).await?;
-    assert!(!config_read_only(&client, ns, "ledger").await?);
+    wait_endpoints(&client, ns, "ledger", 1).await?;
+    wait_endpoints(&client, ns, "ledger-ro", 2).await?;
+    assert!(!writers_routed_away(&client, ns, "ledger").await?);
     assert_eq!(
         pods(&client, ns, "ledger").await?,
         before,
@@ -368,9 +398,8 @@ async fn fences_when_the_hub_lease_goes_stale_and_unfences_when_it_returns() -> 
     let (lab, namespace, client) = setup("agent-fence").await?;
     let ns = namespace.name.as_str();
     let lease_seconds = 3;
-    let agent = AgentProcess::start(
+    let agent = start_agent(
         &lab,
-        CLUSTER,
         ns,
         &[
             "--lease-namespace",
@@ -393,7 +422,7 @@ async fn fences_when_the_hub_lease_goes_stale_and_unfences_when_it_returns() -> 
         .cloned()
         .unwrap();
     assert_eq!(condition.reason, "HubUnreachable");
-    assert!(config_read_only(&client, ns, "payments").await?);
+    assert!(writers_routed_away(&client, ns, "payments").await?);
 
     // The "hub" renews every 500 ms: unfenced after unfenceAfter.
     let renewer = LeaseRenewer::start(
@@ -409,7 +438,7 @@ async fn fences_when_the_hub_lease_goes_stale_and_unfences_when_it_returns() -> 
         "unfenced {:?} after the hub started renewing",
         started.elapsed()
     );
-    wait_endpoints(&client, ns, "payments", 2).await?;
+    wait_endpoints(&client, ns, "payments", 1).await?;
     let before = pods(&client, ns, "payments").await?;
 
     // The hub goes away: fenced within the lease duration + 1 s of its last renewal.
@@ -417,10 +446,10 @@ async fn fences_when_the_hub_lease_goes_stale_and_unfences_when_it_returns() -> 
     renew_lease(&client, ns, "hub", lease_seconds).await?;
     let last_renewal = Instant::now();
     wait_for(
-        "ConfigMap read-only after the lease expired",
+        "writers routed away after the lease expired",
         Duration::from_secs(30),
         || async {
-            match config_read_only(&client, ns, "payments").await {
+            match writers_routed_away(&client, ns, "payments").await {
                 Ok(true) => Check::Done(()),
                 Ok(false) => Check::Waiting("read-write".into()),
                 Err(e) => Check::Waiting(e.to_string()),
@@ -440,8 +469,10 @@ async fn fences_when_the_hub_lease_goes_stale_and_unfences_when_it_returns() -> 
     );
     wait_phase(&client, ns, "payments", DatabasePhase::ReadOnly, 2, &agent).await?;
     wait_endpoints(&client, ns, "payments", 0).await?;
+    // The primary is demoted: both instances serve reads as hot standbys.
+    wait_endpoints(&client, ns, "payments-ro", 2).await?;
     assert_eq!(
-        ready_endpoints(&client, ns, "payments-ro").await?,
+        ready_endpoints(&client, ns, "payments-r").await?,
         2,
         "the zone keeps serving reads"
     );
@@ -462,8 +493,8 @@ async fn fences_when_the_hub_lease_goes_stale_and_unfences_when_it_returns() -> 
     let started = Instant::now();
     wait_phase(&client, ns, "payments", DatabasePhase::Ready, 2, &agent).await?;
     eprintln!("unfenced {:?} after renewals resumed", started.elapsed());
-    wait_endpoints(&client, ns, "payments", 2).await?;
-    assert!(!config_read_only(&client, ns, "payments").await?);
+    wait_endpoints(&client, ns, "payments", 1).await?;
+    assert!(!writers_routed_away(&client, ns, "payments").await?);
     assert_eq!(
         pods(&client, ns, "payments").await?,
         before,
@@ -488,7 +519,7 @@ async fn fences_when_the_hub_lease_goes_stale_and_unfences_when_it_returns() -> 
 async fn invalid_changes_are_refused_and_nothing_is_lost() -> Result<()> {
     let (lab, namespace, client) = setup("agent-invalid").await?;
     let ns = namespace.name.as_str();
-    let agent = AgentProcess::start(&lab, CLUSTER, ns, &["--no-fencing"])?;
+    let agent = start_agent(&lab, ns, &["--no-fencing"])?;
     let api: Api<MyDatabase> = Api::namespaced(client.clone(), ns);
 
     support::expect_invalid(

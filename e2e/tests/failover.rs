@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use bulkhead::api::mydatabase::DatabasePhase;
 use bulkhead::api::{MemberCluster, is_condition_true};
 use bulkhead_e2e::agent_support::{
-    config_read_only, pods, readiness_report, ready_endpoints, wait_endpoints,
+    pods, readiness_report, ready_endpoints, wait_endpoints,
 };
 use bulkhead_e2e::federation::{
     Copy, Federation, LEASE_DURATION_SECONDS, binding_replicas, databases, deployments, ready_at,
@@ -26,7 +26,7 @@ const TOLERATION_SECONDS: u64 = 5;
 
 /// Sets up the suite's two templates and waits until they run: web 2/2/2, orders 1/1.
 async fn federation(prefix: &str) -> Result<Federation> {
-    let federation = Federation::start(prefix, &[]).await?;
+    let federation = Federation::start_with_databases(prefix, &[]).await?;
     federation.run_web_and_orders(TOLERATION_SECONDS).await?;
     for cluster in ["east", "west"] {
         wait_database(
@@ -174,9 +174,13 @@ async fn a_zone_partition_moves_stateless_replicas_and_fences_the_database() -> 
     )
     .await?;
     let east = &federation.members["east"];
-    assert!(config_read_only(east, &federation.namespace, "orders").await?);
     assert_eq!(
         ready_endpoints(east, &federation.namespace, "orders").await?,
+        0,
+        "no writer"
+    );
+    assert_eq!(
+        ready_endpoints(east, &federation.namespace, "orders-rw").await?,
         0,
         "no writer"
     );

@@ -149,6 +149,7 @@ pub fn decide(input: &RoleInput<'_>) -> RoleDecision {
                 name: instance.pod.to_string(),
                 standbys: if leads { standbys.clone() } else { vec![] },
                 synchronous: if leads { input.synchronous } else { 0 },
+                bootstrap: instance.pod == primary,
             },
         ));
     }

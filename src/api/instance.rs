@@ -68,6 +68,11 @@ pub struct Desired {
     /// (`synchronous_standby_names = 'ANY n (...)'`; 0: asynchronous).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub synchronous: u32,
+    /// The database's recorded primary: with no data yet, it creates the database
+    /// (`initdb`) even while told to run as a standby (a database created fenced starts
+    /// read-only, then is promoted when the fence lifts).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub bootstrap: bool,
 }
 
 fn is_zero(n: &u32) -> bool {

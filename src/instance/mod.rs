@@ -317,13 +317,20 @@ impl Instance {
         let lost = effective.as_ref().is_some_and(|(_, lost)| *lost);
         self.report(|s| s.agent_lost = lost);
         if !self.server.initialized() {
+            let bootstrap = self.lock().desired.as_ref().is_some_and(|d| d.bootstrap);
             match effective
                 .as_ref()
                 .map(|(w, lost)| (w.role, w.upstream.as_ref(), *lost))
             {
-                Some((Role::Primary, _, false)) => {
+                Some((role, _, false)) if role == Role::Primary || bootstrap => {
                     self.report(|s| s.message = "initdb: a new database".into());
                     self.server.initdb().await?;
+                    if role != Role::Primary {
+                        // Created fenced: its users must exist before a standby can copy
+                        // it, so it runs once as a primary (listening on its socket only)
+                        // before it starts as the standby it was told to be.
+                        self.create_roles_offline().await?;
+                    }
                 }
                 Some((Role::Standby, Some(upstream), _)) => {
                     self.report(|s| {
@@ -496,6 +503,36 @@ impl Instance {
 impl Instance {
     /// Makes a stopped old primary's data follow `upstream`: `pg_rewind` (what it wrote
     /// after the histories diverged is undone; the new primary's history wins).
+    /// Starts a new database as a primary reachable on its Unix socket only, creates the
+    /// replication and application roles, and stops it.
+    async fn create_roles_offline(&self) -> Result<()> {
+        let mut server = self.server.clone();
+        server.listen = String::new();
+        server.prepare_dirs()?;
+        server.configure(&Wanted {
+            role: Role::Primary,
+            upstream: None,
+            name: String::new(),
+            standbys: vec![],
+            synchronous: 0,
+        })?;
+        let mut child = server.start(&self.log)?;
+        let result = async {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let client = loop {
+                match server.connect().await {
+                    Ok(client) => break client,
+                    Err(error) if Instant::now() > deadline => return Err(error),
+                    Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                }
+            };
+            server.ensure_roles(&client).await
+        }
+        .await;
+        Server::stop(&mut child, Duration::from_secs(30)).await?;
+        result.context("creating the roles of a database created read-only")
+    }
+
     async fn follow(&self, upstream: &Upstream) -> Result<()> {
         self.report(|s| {
             s.message = format!(
