@@ -159,7 +159,16 @@ web_ready() {
 member_phase() {
   "$kubectl" --kubeconfig "$(e2e/lab kubeconfig "$1" --inside)" -n shop get db orders -o jsonpath='{.status.phase}' 2>/dev/null
 }
-east_read_only() { [[ "$(member_phase east)" == ReadOnly ]]; }
+member_condition() {
+  "$kubectl" --kubeconfig "$(e2e/lab kubeconfig "$1" --inside)" -n shop get db orders \
+    -o jsonpath="{.status.conditions[?(@.type==\"$2\")].reason}" 2>/dev/null
+}
+# Fenced by the server: the phase, and every instance a hot standby that answers again.
+east_read_only() {
+  [[ "$(member_phase east)" == ReadOnly && "$(member_condition east PrimaryAvailable)" == Fenced ]] \
+    && [[ "$("$kubectl" --kubeconfig "$(e2e/lab kubeconfig east --inside)" -n shop get db orders \
+      -o jsonpath='{.status.instances[*].role}' 2>/dev/null)" =~ ^(Standby ?)+$ ]]
+}
 east_read_write() { [[ "$(member_phase east)" == Ready ]]; }
 web_moved() {
   "$kubectl" --kubeconfig "$hub_kubeconfig" -n shop get rb web-deployment -o jsonpath='{.spec.clusters[*].name}' 2>/dev/null \
@@ -189,6 +198,23 @@ show() {
 }
 show "before: every member healthy"
 
+# Real PostgreSQL: each member's database node runs the pods' `bulkhead instance` and
+# PostgreSQL as host processes (docs/lab.md). A client writes through east's -rw Service.
+sql() {
+  # sql MEMBER SERVICE [--inside] STATEMENTS: psql against a database Service of a member.
+  local member="$1" service="$2"; shift 2
+  local inside=()
+  if [[ "${1:-}" == --inside ]]; then inside=(--inside); shift; fi
+  local url
+  url="$(e2e/lab db-url "$member" shop "$service" "${inside[@]}" 2>&1)" || { echo "  ($url)"; return 0; }
+  PGCONNECT_TIMEOUT=3 psql "$url" -X -q -v VERBOSITY=verbose -c "$1" 2>&1 | sed 's/^/  /' || true
+}
+echo
+echo "== psql through east's orders-rw (from outside the zone): a write and a read"
+sql east orders-rw "CREATE TABLE IF NOT EXISTS demo (id serial PRIMARY KEY, note text, at timestamptz DEFAULT now())"
+sql east orders-rw "INSERT INTO demo (note) VALUES ('before the partition')"
+sql east orders-rw "SELECT id, note FROM demo ORDER BY id"
+
 # The partition drill: cut zone-a (east) off. East's agent fences its database
 # read-only by itself; the hub marks the placement fenced and, after the policy's
 # tolerationSeconds (30 s), moves web's stateless replicas to west and north. Nothing
@@ -199,6 +225,12 @@ e2e/lab partition east
 wait_until "east's agent fenced orders read-only" 30 east_read_only
 wait_until "web's replicas moved off east (toleration 30 s)" 90 web_moved
 show "during: east is cut off"
+echo
+echo "== psql inside zone-a during the partition: east's primary was demoted, the server itself refuses writes (SQLSTATE 25006)"
+echo "   orders-rw: $(e2e/lab db-url east shop orders-rw --inside 2>&1 | sed 's/.*: //')"
+sql east orders-r --inside "SET default_transaction_read_only = off; INSERT INTO demo (note) VALUES ('during the partition')"
+echo "== ... and reads are served"
+sql east orders-r --inside "SELECT id, note FROM demo ORDER BY id"
 
 # A placement change during the partition: scale the database down by one. The hub
 # deletes and shrinks nothing anywhere while a cluster of a stateful placement is not
@@ -237,6 +269,10 @@ wait_until "east's orders read-write again" 60 east_read_write
 wait_until "web back on east" 60 web_back
 wait_until "the scale-down completed (make-before-break)" 90 applied
 show "after: healed"
+echo
+echo "== psql through east's orders-rw after the heal: writable again, every earlier write there"
+sql east orders-rw "INSERT INTO demo (note) VALUES ('after the heal')"
+sql east orders-rw "SELECT id, note FROM demo ORDER BY id"
 echo "== MyDatabase copies after the heal: the change is done"
 member_uids
 echo "== volume claims of orders in each member: a removed copy's claims stay (released)"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian machine lacks for the lab: iptables (partitions), iproute2
-# (the database pods' addresses), make,
-# git, and PostgreSQL's server programs (the database instances). `make demo`, `make e2e`
-# and `.ci/run` call it; it does nothing when all are there.
+# (the database pods' addresses), make, git, and PostgreSQL's server programs and psql
+# (the database instances, the demo's client). `make demo`, `make e2e` and `.ci/run` call
+# it; it does nothing when all are there.
 set -euo pipefail
 missing=()
 command -v iptables >/dev/null 2>&1 || [[ -x /usr/sbin/iptables ]] || missing+=(iptables)
@@ -12,6 +12,8 @@ command -v make >/dev/null 2>&1 || missing+=(make)
 command -v git >/dev/null 2>&1 || missing+=(git)
 # PostgreSQL's server programs: `bulkhead instance` runs them (tests/instance.rs).
 compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || missing+=(postgresql)
+# psql: the demo's client.
+command -v psql >/dev/null 2>&1 || missing+=(postgresql-client)
 if [[ ${#missing[@]} -gt 0 ]]; then
   if [[ $(id -u) -ne 0 ]]; then
     echo "setup: missing Debian packages: ${missing[*]}; run as root or install them: apt-get install -y ${missing[*]}" >&2

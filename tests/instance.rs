@@ -144,6 +144,7 @@ fn primary(term: u64) -> Desired {
         name: String::new(),
         standbys: vec![],
         synchronous: 0,
+        bootstrap: true,
     }
 }
 
@@ -159,6 +160,7 @@ fn standby(term: u64, upstream: Option<&InstanceProcess>) -> Desired {
         name: String::new(),
         standbys: vec![],
         synchronous: 0,
+        bootstrap: false,
     }
 }
 

@@ -125,7 +125,15 @@ impl Federation {
         hub_kubeconfig: Option<std::path::PathBuf>,
         join_extra: &[&str],
     ) -> Result<Self> {
-        Self::start_full(prefix, extra_hub_args, probe, hub_kubeconfig, join_extra, false).await
+        Self::start_full(
+            prefix,
+            extra_hub_args,
+            probe,
+            hub_kubeconfig,
+            join_extra,
+            false,
+        )
+        .await
     }
 
     /// [`Federation::start`] whose MyDatabases run real PostgreSQL on each member's

@@ -10,9 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use bulkhead::api::mydatabase::DatabasePhase;
 use bulkhead::api::{MemberCluster, is_condition_true};
-use bulkhead_e2e::agent_support::{
-    pods, readiness_report, ready_endpoints, wait_endpoints,
-};
+use bulkhead_e2e::agent_support::{pods, readiness_report, ready_endpoints, wait_endpoints};
 use bulkhead_e2e::federation::{
     Copy, Federation, LEASE_DURATION_SECONDS, binding_replicas, databases, deployments, ready_at,
     statefulsets,

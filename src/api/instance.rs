@@ -158,6 +158,7 @@ mod tests {
             name: String::new(),
             standbys: vec![],
             synchronous: 0,
+            bootstrap: false,
         };
         let text = serde_json::to_string(&desired).unwrap();
         assert_eq!(

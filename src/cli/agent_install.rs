@@ -158,6 +158,9 @@ pub fn deployment(image: &str) -> Deployment {
                             "0.0.0.0:8080".into(),
                             "--log-format".into(),
                             "json".into(),
+                            // The database pods' init container copies `bulkhead
+                            // instance` from the agent's own image.
+                            format!("--instance-image={image}"),
                         ]),
                         ports: Some(vec![ContainerPort {
                             name: Some("probes".into()),
@@ -250,6 +253,14 @@ mod tests {
             Some("registry.local/bulkhead:1")
         );
         assert_eq!(container.args.as_ref().unwrap()[0], "agent");
+        assert!(
+            container
+                .args
+                .as_ref()
+                .unwrap()
+                .contains(&"--instance-image=registry.local/bulkhead:1".to_string()),
+            "database pods get `bulkhead instance` from the agent's own image"
+        );
         assert!(container.readiness_probe.is_some() && container.liveness_probe.is_some());
     }
 }

@@ -40,6 +40,16 @@ enum Command {
     HealAll,
     /// Install Bulkhead's CRDs (config/crd/) on every cluster and wait until Established.
     InstallCrds,
+    /// Print a libpq URI (user, password, database, address) for a database Service of a
+    /// member (`<name>-rw`, `-ro`, `-r`): its first ready endpoint, as a client outside
+    /// the member's zone reaches it (partitions cut it), or inside with --inside.
+    DbUrl {
+        cluster: String,
+        namespace: String,
+        service: String,
+        #[arg(long)]
+        inside: bool,
+    },
     /// Run a member's database node (started by `up`; runs its pods as host processes).
     #[command(hide = true)]
     Runner {
@@ -112,6 +122,50 @@ async fn main() -> Result<()> {
         Command::HealAll => {
             lab.heal_all()?;
             println!("lab: every partition healed");
+        }
+        Command::DbUrl {
+            cluster,
+            namespace,
+            service,
+            inside,
+        } => {
+            let info = lab::member(&cluster)?;
+            let client = lab.inside_client(info.name).await?;
+            let services: kube::Api<k8s_openapi::api::core::v1::Service> =
+                kube::Api::namespaced(client.clone(), &namespace);
+            let found = services
+                .get(&service)
+                .await
+                .map_err(|e| anyhow::anyhow!("Service {namespace}/{service} in {cluster}: {e}"))?;
+            let database = found
+                .metadata
+                .labels
+                .unwrap_or_default()
+                .remove("example.com/database")
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "Service {namespace}/{service} is not a MyDatabase's (no example.com/database label)"
+                    )
+                })?;
+            let credentials =
+                bulkhead_e2e::postgres_support::app_credentials(&client, &namespace, &database)
+                    .await?;
+            let endpoints =
+                bulkhead_e2e::postgres_support::endpoints(&client, &namespace, &service).await?;
+            let Some(address) = endpoints.first() else {
+                anyhow::bail!(
+                    "Service {namespace}/{service} has no ready endpoint (a fenced database's -rw has none; try {database}-ro)"
+                );
+            };
+            let address = if inside {
+                *address
+            } else {
+                bulkhead_e2e::postgres_support::outside(*address)?
+            };
+            println!(
+                "postgresql://{}:{}@{address}:5432/{}",
+                credentials.user, credentials.password, credentials.dbname
+            );
         }
         Command::Runner {
             lab_dir,
