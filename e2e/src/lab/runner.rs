@@ -20,7 +20,8 @@
 //!   `$BULKHEAD_LISTEN_ADDRESSES` names both (the instance manager's PostgreSQL listens
 //!   there, where in a pod it would listen on `*`);
 //! - volumes are host directories: a claim's under `<lab>/<member>/claims/<namespace>/`,
-//!   kept after the pod (the data outlives it, as a volume's does), an `emptyDir` and the
+//!   kept after the pod (the data outlives it, as a volume's does) until the claim is
+//!   deleted (the lab's StorageClass deletes its volumes), an `emptyDir` and the
 //!   Secret files under `<lab>/<member>/pods/<uid>/`, removed with the pod. Paths in a
 //!   container's command, arguments and environment that start with a mount path are
 //!   rewritten to the host directory.
@@ -36,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Container, Node, Pod, Secret};
+use k8s_openapi::api::core::v1::{Container, Node, PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Api, Client, ResourceExt};
@@ -311,6 +312,7 @@ impl Runner {
             .is_none_or(|at| at.elapsed() >= Duration::from_secs(10))
         {
             self.heartbeat().await?;
+            self.remove_deleted_claims().await?;
         }
         let pods: Api<Pod> = Api::all(self.client.clone());
         let list = pods
@@ -373,6 +375,45 @@ impl Runner {
                 );
             }
             self.tend(pod, &uid).await;
+        }
+        Ok(())
+    }
+
+    /// A claim's directory goes when the claim does (the lab's StorageClass deletes its
+    /// volumes, `reclaimPolicy: Delete`), unless a pod of this node still runs on it.
+    async fn remove_deleted_claims(&self) -> Result<()> {
+        let claims_root = self.root.join("claims");
+        let Ok(namespaces) = std::fs::read_dir(&claims_root) else {
+            return Ok(());
+        };
+        let claims: Api<PersistentVolumeClaim> = Api::all(self.client.clone());
+        let existing: Vec<(String, String)> = claims
+            .list(&ListParams::default())
+            .await
+            .context("listing claims")?
+            .items
+            .iter()
+            .map(|c| (c.namespace().unwrap_or_default(), c.name_any()))
+            .collect();
+        let in_use: Vec<(String, String)> = self
+            .pods
+            .values()
+            .map(|p| (p.namespace.clone(), p.name.clone()))
+            .collect();
+        for namespace in namespaces.flatten() {
+            let namespace_name = namespace.file_name().to_string_lossy().into_owned();
+            for claim in std::fs::read_dir(namespace.path())?.flatten() {
+                let claim_name = claim.file_name().to_string_lossy().into_owned();
+                let exists = existing.contains(&(namespace_name.clone(), claim_name.clone()));
+                // `data-<pod>` is the StatefulSet's naming: its pod must be gone too.
+                let used = in_use.iter().any(|(ns, pod)| {
+                    *ns == namespace_name && claim_name.ends_with(&format!("-{pod}"))
+                });
+                if !exists && !used {
+                    let _ = std::fs::remove_dir_all(claim.path());
+                }
+            }
+            let _ = std::fs::remove_dir(namespace.path());
         }
         Ok(())
     }
