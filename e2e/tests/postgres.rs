@@ -388,3 +388,103 @@ async fn a_cut_off_zone_refuses_writes_in_the_server_and_keeps_serving_reads() -
     );
     Ok(())
 }
+
+/// Figures for docs/benchmarks.md (printed, never asserted on time): replication lag at
+/// rest and under a steady write load, as the primary's `pg_stat_replication` reports it.
+#[tokio::test]
+async fn replication_lag_at_rest_and_under_a_steady_write_load() -> Result<()> {
+    let cluster = "north";
+    let (lab, namespace, client) = setup(cluster, "pg-lag").await?;
+    let ns = namespace.name.as_str();
+    let agent = agent(&lab, cluster, ns, &["--no-fencing"])?;
+    Api::<MyDatabase>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &database("metrics", 3, 0)?)
+        .await?;
+    let primary = wait_streaming(&client, ns, "metrics")
+        .await
+        .with_context(|| format!("agent log:\n{}", agent.log_tail()))?;
+    let credentials = app_credentials(&client, ns, "metrics").await?;
+    let writer = connect(primary, &credentials).await?;
+    writer
+        .batch_execute("CREATE TABLE orders (id bigserial PRIMARY KEY, body text)")
+        .await?;
+    // pg_stat_replication needs a privileged role; the application's user sees its own
+    // sessions only. The superuser's password is in the instance Secret.
+    let secret: k8s_openapi::api::core::v1::Secret = Api::namespaced(client.clone(), ns)
+        .get("metrics-instance")
+        .await?;
+    let superuser = AppCredentials {
+        user: "postgres".into(),
+        password: String::from_utf8(
+            secret.data.unwrap_or_default()["superuser-password"]
+                .0
+                .clone(),
+        )?,
+        dbname: "postgres".into(),
+    };
+    let observer = connect(primary, &superuser).await?;
+    async fn sample(observer: &tokio_postgres::Client) -> Result<Vec<(i64, f64)>> {
+        Ok(observer
+            .query(
+                "SELECT (pg_current_wal_lsn() - replay_lsn)::bigint,
+                        coalesce(extract(epoch FROM replay_lag), 0)::float8
+                 FROM pg_stat_replication",
+                &[],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect())
+    }
+    fn summary(samples: &[(i64, f64)]) -> String {
+        let mut bytes: Vec<i64> = samples.iter().map(|s| s.0).collect();
+        let mut seconds: Vec<f64> = samples.iter().map(|s| s.1).collect();
+        bytes.sort();
+        seconds.sort_by(f64::total_cmp);
+        let at = |n: usize, q: f64| ((n as f64 - 1.0) * q).round() as usize;
+        format!(
+            "{} samples: bytes behind p50 {} max {}; replay lag p50 {:.1} ms max {:.1} ms",
+            samples.len(),
+            bytes[at(bytes.len(), 0.5)],
+            bytes[bytes.len() - 1],
+            seconds[at(seconds.len(), 0.5)] * 1000.0,
+            seconds[seconds.len() - 1] * 1000.0
+        )
+    }
+    let mut rest = vec![];
+    for _ in 0..20 {
+        rest.extend(sample(&observer).await?);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    eprintln!("replication at rest (2 standbys): {}", summary(&rest));
+
+    // A steady load: 200 single-row commits a second, each about 200 bytes, for 20 s.
+    let load = tokio::spawn(async move {
+        let started = Instant::now();
+        let mut written = 0u64;
+        while started.elapsed() < Duration::from_secs(20) {
+            let tick = Instant::now();
+            for _ in 0..20 {
+                writer
+                    .execute("INSERT INTO orders (body) VALUES (repeat('x', 200))", &[])
+                    .await?;
+                written += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(100).saturating_sub(tick.elapsed())).await;
+        }
+        anyhow::Ok((written, started.elapsed()))
+    });
+    let mut loaded = vec![];
+    while !load.is_finished() {
+        loaded.extend(sample(&observer).await?);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let (written, took) = load.await??;
+    eprintln!(
+        "replication under {:.0} commits/s ({written} in {took:?}, 2 standbys, asynchronous): {}",
+        written as f64 / took.as_secs_f64(),
+        summary(&loaded)
+    );
+    assert!(!loaded.is_empty() && loaded.iter().all(|s| s.0 >= 0));
+    Ok(())
+}
