@@ -206,7 +206,7 @@ sql() {
   local inside=()
   if [[ "${1:-}" == --inside ]]; then inside=(--inside); shift; fi
   local url
-  url="$(e2e/lab db-url "$member" shop "$service" "${inside[@]}" 2>&1)" || { echo "  ($url)"; return 0; }
+  url="$(RUST_BACKTRACE=0 e2e/lab db-url "$member" shop "$service" "${inside[@]}" 2>&1)" || { echo "  (${url#Error: })"; return 0; }
   PGCONNECT_TIMEOUT=3 psql "$url" -X -q -v VERBOSITY=verbose -c "$1" 2>&1 | sed 's/^/  /' || true
 }
 echo
@@ -227,7 +227,7 @@ wait_until "web's replicas moved off east (toleration 30 s)" 90 web_moved
 show "during: east is cut off"
 echo
 echo "== psql inside zone-a during the partition: east's primary was demoted, the server itself refuses writes (SQLSTATE 25006)"
-echo "   orders-rw: $(e2e/lab db-url east shop orders-rw --inside 2>&1 | sed 's/.*: //')"
+echo "   orders-rw: $(RUST_BACKTRACE=0 e2e/lab db-url east shop orders-rw --inside 2>&1 | sed 's/^Error: //')"
 sql east orders-r --inside "SET default_transaction_read_only = off; INSERT INTO demo (note) VALUES ('during the partition')"
 echo "== ... and reads are served"
 sql east orders-r --inside "SELECT id, note FROM demo ORDER BY id"

@@ -153,9 +153,18 @@ async fn main() -> Result<()> {
             let endpoints =
                 bulkhead_e2e::postgres_support::endpoints(&client, &namespace, &service).await?;
             let Some(address) = endpoints.first() else {
-                anyhow::bail!(
-                    "Service {namespace}/{service} has no ready endpoint (a fenced database's -rw has none; try {database}-ro)"
-                );
+                let hint = if service == format!("{database}-ro") {
+                    format!(
+                        "it selects the standbys, and a single-instance database has none; {database}-r selects any instance"
+                    )
+                } else if service == format!("{database}-r") {
+                    "no instance is ready".to_string()
+                } else {
+                    format!(
+                        "a fenced database's read-write Services have none; {database}-r serves reads"
+                    )
+                };
+                anyhow::bail!("Service {namespace}/{service} has no ready endpoint ({hint})");
             };
             let address = if inside {
                 *address
