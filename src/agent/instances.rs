@@ -402,6 +402,8 @@ impl Loop {
         // its newest status.
         let token = tracked.token.clone();
         let answered: Vec<bool> = asked.iter().map(Option::is_some).collect();
+        let token_refused = std::sync::atomic::AtomicBool::new(false);
+        let token_refused = &token_refused;
         let answers = futures::future::join_all(pods.iter().enumerate().map(|(i, pod)| {
             let wanted = desired
                 .iter()
@@ -419,13 +421,26 @@ impl Loop {
                 {
                     Ok(status) => Some(status),
                     Err(error) => {
-                        tracing::debug!(database = %database_key, pod = %pod.name_any(), %error, "telling an instance its role");
+                        let text = format!("{error:#}");
+                        if text.contains("(401") {
+                            // A Secret made again (the database deleted and created anew):
+                            // read the token again next round.
+                            token_refused.store(true, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        if text.contains("refused the role") {
+                            tracing::info!(database = %database_key, pod = %pod.name_any(), error = %text, "an instance refused its role");
+                        } else {
+                            tracing::debug!(database = %database_key, pod = %pod.name_any(), error = %text, "telling an instance its role");
+                        }
                         None
                     }
                 }
             }
         }))
         .await;
+        if token_refused.load(std::sync::atomic::Ordering::Relaxed) {
+            tracked.token = None;
+        }
         let mut latest: Vec<Option<InstanceStatus>> = answers
             .into_iter()
             .zip(asked)

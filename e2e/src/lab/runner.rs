@@ -219,7 +219,9 @@ impl Runner {
 
     fn node(&self) -> serde_json::Value {
         let name = node_name(self.info.name);
-        let resources = serde_json::json!({"cpu": "4", "memory": "16Gi", "pods": "50", "ephemeral-storage": "100Gi"});
+        // Small, as a dedicated database node of the lab: the hub's capacity estimate
+        // counts every Ready node (a 10-core replica still fits once in a member's 18).
+        let resources = serde_json::json!({"cpu": "2", "memory": "8Gi", "pods": "20", "ephemeral-storage": "100Gi"});
         serde_json::json!({
             "apiVersion": "v1",
             "kind": "Node",
