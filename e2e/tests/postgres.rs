@@ -45,6 +45,46 @@ fn agent(lab: &lab::Lab, cluster: &str, ns: &str, extra: &[&str]) -> Result<Agen
     AgentProcess::start(lab, cluster, ns, &args)
 }
 
+/// Creates the MyDatabase and waits until its primary is available and its standbys
+/// stream; the primary's address and the application's credentials.
+async fn database_up(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    (replicas, synchronous): (i32, u32),
+    agent: &AgentProcess,
+) -> Result<(Ipv4Addr, AppCredentials)> {
+    Api::<MyDatabase>::namespaced(client.clone(), ns)
+        .create(
+            &PostParams::default(),
+            &database(name, replicas, synchronous)?,
+        )
+        .await?;
+    let primary = wait_streaming(client, ns, name)
+        .await
+        .with_context(|| format!("agent log:\n{}", agent.log_tail()))?;
+    Ok((primary, app_credentials(client, ns, name).await?))
+}
+
+/// `CREATE TABLE orders` and one acknowledged insert per id.
+async fn write_rows(
+    writer: &tokio_postgres::Client,
+    ids: std::ops::Range<i32>,
+    create: bool,
+) -> Result<()> {
+    if create {
+        writer
+            .batch_execute("CREATE TABLE orders (id int PRIMARY KEY)")
+            .await?;
+    }
+    for id in ids {
+        writer
+            .execute("INSERT INTO orders VALUES ($1)", &[&id])
+            .await?;
+    }
+    Ok(())
+}
+
 async fn count(client: &tokio_postgres::Client) -> Result<i64> {
     Ok(client
         .query_one("SELECT count(*) FROM orders", &[])
@@ -79,27 +119,13 @@ async fn writes_reach_every_standby_and_a_hung_primary_fails_over_without_losing
     let ns = namespace.name.as_str();
     let info = lab::member(cluster)?;
     let agent = agent(&lab, cluster, ns, &["--no-fencing"])?;
-    Api::<MyDatabase>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &database("orders", 3, 1)?)
-        .await?;
-    let primary = wait_streaming(&client, ns, "orders")
-        .await
-        .with_context(|| format!("agent log:\n{}", agent.log_tail()))?;
-    let credentials = app_credentials(&client, ns, "orders").await?;
+    let (primary, credentials) = database_up(&client, ns, "orders", (3, 1), &agent).await?;
 
     // Writes through -rw land on the primary; every standby (-ro) has them and refuses
     // writes itself.
     let writer = connect(primary, &credentials).await?;
-    writer
-        .batch_execute("CREATE TABLE orders (id int PRIMARY KEY)")
-        .await?;
-    let mut acknowledged = 0;
-    for id in 0..50 {
-        writer
-            .execute("INSERT INTO orders VALUES ($1)", &[&id])
-            .await?;
-        acknowledged += 1;
-    }
+    write_rows(&writer, 0..50, true).await?;
+    let mut acknowledged = 50;
     let standbys = wait_for(
         "two standbys behind -ro",
         Duration::from_secs(30),
@@ -245,25 +271,12 @@ async fn a_cut_off_zone_refuses_writes_in_the_server_and_keeps_serving_reads() -
         lease_seconds,
         Duration::from_millis(500),
     );
-    Api::<MyDatabase>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &database("ledger", 2, 0)?)
-        .await?;
-    let primary = wait_streaming(&client, ns, "ledger")
-        .await
-        .with_context(|| format!("agent log:\n{}", agent.log_tail()))?;
-    let credentials = app_credentials(&client, ns, "ledger").await?;
+    let (primary, credentials) = database_up(&client, ns, "ledger", (2, 0), &agent).await?;
 
     // A client outside the zone writes through the primary's outside address; one inside
     // the zone keeps a session open through the cut.
     let outside_client = connect(outside(primary)?, &credentials).await?;
-    outside_client
-        .batch_execute("CREATE TABLE orders (id int PRIMARY KEY)")
-        .await?;
-    for id in 0..20 {
-        outside_client
-            .execute("INSERT INTO orders VALUES ($1)", &[&id])
-            .await?;
-    }
+    write_rows(&outside_client, 0..20, true).await?;
     let acknowledged = 20;
     let open_inside = connect(primary, &credentials).await?;
     open_inside
@@ -397,13 +410,7 @@ async fn replication_lag_at_rest_and_under_a_steady_write_load() -> Result<()> {
     let (lab, namespace, client) = setup(cluster, "pg-lag").await?;
     let ns = namespace.name.as_str();
     let agent = agent(&lab, cluster, ns, &["--no-fencing"])?;
-    Api::<MyDatabase>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &database("metrics", 3, 0)?)
-        .await?;
-    let primary = wait_streaming(&client, ns, "metrics")
-        .await
-        .with_context(|| format!("agent log:\n{}", agent.log_tail()))?;
-    let credentials = app_credentials(&client, ns, "metrics").await?;
+    let (primary, credentials) = database_up(&client, ns, "metrics", (3, 0), &agent).await?;
     let writer = connect(primary, &credentials).await?;
     writer
         .batch_execute("CREATE TABLE orders (id bigserial PRIMARY KEY, body text)")
@@ -486,5 +493,57 @@ async fn replication_lag_at_rest_and_under_a_steady_write_load() -> Result<()> {
         summary(&loaded)
     );
     assert!(!loaded.is_empty() && loaded.iter().all(|s| s.0 >= 0));
+    Ok(())
+}
+
+#[tokio::test]
+async fn scaling_down_to_one_and_back_loses_no_acknowledged_write() -> Result<()> {
+    let cluster = "west";
+    let (lab, namespace, client) = setup(cluster, "pg-scale").await?;
+    let ns = namespace.name.as_str();
+    let agent = agent(&lab, cluster, ns, &["--no-fencing"])?;
+    let api: Api<MyDatabase> = Api::namespaced(client.clone(), ns);
+    let (primary, credentials) = database_up(&client, ns, "orders", (3, 1), &agent).await?;
+    let writer = connect(primary, &credentials).await?;
+    write_rows(&writer, 0..30, true).await?;
+
+    // 3 -> 1: the standbys go (the StatefulSet removes the highest ordinals); the primary
+    // stops waiting for them (synchronous is capped at the standbys there are).
+    let scale = |replicas: i32| {
+        let (api, client, agent) = (&api, &client, &agent);
+        async move {
+            let patch = serde_json::json!({"spec": {"replicas": replicas}});
+            api.patch_scale(
+                "orders",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await?;
+            wait_streaming(client, ns, "orders")
+                .await
+                .with_context(|| format!("agent log:\n{}", agent.log_tail()))
+        }
+    };
+    let primary = scale(1).await?;
+    let writer = connect(primary, &credentials).await?;
+    assert_eq!(count(&writer).await?, 30, "every acknowledged write kept");
+    for id in 30..40 {
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            writer.execute("INSERT INTO orders VALUES ($1)", &[&id]),
+        )
+        .await
+        .context("a commit on the single instance waits for no standby")??;
+    }
+
+    // 1 -> 3: new standbys copy the primary and stream every write.
+    let primary = scale(3).await?;
+    let writer = connect(primary, &credentials).await?;
+    writer
+        .execute("INSERT INTO orders VALUES (40)", &[])
+        .await?;
+    for standby in endpoints(&client, ns, "orders-ro").await? {
+        wait_rows(standby, &credentials, 41).await?;
+    }
     Ok(())
 }

@@ -162,6 +162,8 @@ struct PodRun {
     /// When a container that exited may start again.
     restart_at: HashMap<String, Instant>,
     init_done: bool,
+    /// When a failed start (volumes, init containers) is tried again.
+    retry_init_at: Option<Instant>,
     /// The last error starting the pod, reported in its status.
     failure: Option<String>,
     ready: bool,
@@ -369,6 +371,7 @@ impl Runner {
                         restarts: HashMap::new(),
                         restart_at: HashMap::new(),
                         init_done: false,
+                        retry_init_at: None,
                         failure: None,
                         ready: false,
                         last_probe: None,
@@ -449,12 +452,18 @@ impl Runner {
             return;
         };
         let spec = pod.spec.clone().unwrap_or_default();
-        if !run.init_done && run.failure.is_none() {
+        let init_due = run.retry_init_at.is_none_or(|at| Instant::now() >= at);
+        if !run.init_done && init_due {
             match prepare(&client, info, &root, &bulkhead, pod, run).await {
-                Ok(()) => run.init_done = true,
+                Ok(()) => {
+                    run.init_done = true;
+                    run.failure = None;
+                }
                 Err(error) => {
+                    // Tried again in 5 s (a Secret not there yet, a refused request).
                     eprintln!("runner: pod {}/{}: {error:#}", run.namespace, run.name);
                     run.failure = Some(format!("{error:#}"));
+                    run.retry_init_at = Some(Instant::now() + Duration::from_secs(5));
                 }
             }
         }
