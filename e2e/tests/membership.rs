@@ -858,7 +858,16 @@ async fn join_can_install_the_agent_and_unjoin_removes_it() -> Result<()> {
             "",
             false,
         ),
-        (agent_account, "get", "", "secrets", "shop", "", false),
+        // Secrets: the databases' own, read and made once; never listed, changed or
+        // deleted.
+        (agent_account, "get", "", "secrets", "shop", "", true),
+        (agent_account, "create", "", "secrets", "shop", "", true),
+        (agent_account, "list", "", "secrets", "shop", "", false),
+        (agent_account, "patch", "", "secrets", "shop", "", false),
+        (agent_account, "delete", "", "secrets", "shop", "", false),
+        // Pods: watched, their role label patched; never deleted.
+        (agent_account, "patch", "", "pods", "shop", "", true),
+        (agent_account, "delete", "", "pods", "shop", "", false),
     ] {
         let review = k8s_openapi::api::authorization::v1::SubjectAccessReview {
             spec: k8s_openapi::api::authorization::v1::SubjectAccessReviewSpec {
