@@ -21,23 +21,29 @@ use tokio::task::JoinHandle;
 
 use crate::lab::Lab;
 
-/// The `bulkhead` binary built in this workspace (debug), or the one `BULKHEAD_BIN`
-/// names (`make bench-lab` runs the release build).
-pub fn bulkhead_binary() -> Result<PathBuf> {
-    if let Some(path) = std::env::var_os("BULKHEAD_BIN") {
+/// A binary built in this workspace (debug), or the one the environment variable
+/// `override_var` names.
+pub fn workspace_binary(name: &str, override_var: &str, package: &str) -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os(override_var) {
         return Ok(PathBuf::from(path));
     }
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let path = target.join("debug/bulkhead");
+    let path = target.join("debug").join(name);
     if !path.is_file() {
         bail!(
-            "{} is missing; run `cargo build -p bulkhead` first (make e2e does)",
+            "{} is missing; run `cargo build -p {package}` first (make e2e does)",
             path.display()
         );
     }
     Ok(path)
+}
+
+/// The `bulkhead` binary built in this workspace (debug), or the one `BULKHEAD_BIN`
+/// names (`make bench-lab` runs the release build).
+pub fn bulkhead_binary() -> Result<PathBuf> {
+    workspace_binary("bulkhead", "BULKHEAD_BIN", "bulkhead")
 }
 
 /// A free TCP port on 127.0.0.1.
@@ -194,8 +200,12 @@ pub async fn pods(
         .collect())
 }
 
-/// Ready endpoints of a Service, from its EndpointSlices.
-pub async fn ready_endpoints(client: &Client, ns: &str, service: &str) -> Result<usize> {
+/// The addresses of a Service's ready endpoints, from its EndpointSlices.
+pub async fn ready_endpoint_addresses(
+    client: &Client,
+    ns: &str,
+    service: &str,
+) -> Result<Vec<String>> {
     let list = Api::<EndpointSlice>::namespaced(client.clone(), ns)
         .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={service}")))
         .await?;
@@ -204,7 +214,13 @@ pub async fn ready_endpoints(client: &Client, ns: &str, service: &str) -> Result
         .iter()
         .flat_map(|s| s.endpoints.iter().flatten())
         .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
-        .count())
+        .filter_map(|e| e.addresses.first().cloned())
+        .collect())
+}
+
+/// Ready endpoints of a Service, from its EndpointSlices.
+pub async fn ready_endpoints(client: &Client, ns: &str, service: &str) -> Result<usize> {
+    Ok(ready_endpoint_addresses(client, ns, service).await?.len())
 }
 
 /// What a namespace's pods and the cluster's nodes say about readiness, for a failure

@@ -7,8 +7,6 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use bulkhead::api::MyDatabase;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::ListParams;
 use kube::{Api, Client};
 
 use crate::lab::{ClusterInfo, Lab, runner};
@@ -68,17 +66,13 @@ pub async fn connect(
 
 /// The ready endpoints (pod IPs: inside addresses) of a Service.
 pub async fn endpoints(client: &Client, ns: &str, service: &str) -> Result<Vec<Ipv4Addr>> {
-    let list = Api::<EndpointSlice>::namespaced(client.clone(), ns)
-        .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={service}")))
-        .await?;
-    Ok(list
-        .items
-        .iter()
-        .flat_map(|s| s.endpoints.iter().flatten())
-        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
-        .flat_map(|e| e.addresses.iter())
-        .filter_map(|a| a.parse().ok())
-        .collect())
+    Ok(
+        crate::agent_support::ready_endpoint_addresses(client, ns, service)
+            .await?
+            .iter()
+            .filter_map(|a| a.parse().ok())
+            .collect(),
+    )
 }
 
 /// Waits until the database's primary is available and its standbys stream, and returns

@@ -239,6 +239,47 @@ async fn member_copies(federation: &Federation) -> Result<BTreeMap<String, (Stri
     Ok(copies)
 }
 
+/// What the hub writes of each template, by name: its binding's spec and status and the
+/// template's status (a takeover with nothing to change must leave each as it was).
+async fn hub_written(federation: &Federation) -> Result<BTreeMap<String, Value>> {
+    let mut written = BTreeMap::new();
+    let bindings: Api<bulkhead::api::ResourceBinding> =
+        Api::namespaced(federation.hub.clone(), &federation.namespace);
+    for binding in bindings.list(&ListParams::default()).await?.items {
+        written.insert(
+            format!("binding {}", binding.name_any()),
+            json!({"spec": binding.spec, "status": binding.status}),
+        );
+    }
+    let templates = Api::<DynamicObject>::namespaced_with(
+        federation.hub.clone(),
+        &federation.namespace,
+        &deployments(),
+    );
+    for template in templates.list(&ListParams::default()).await?.items {
+        written.insert(
+            format!("template {}", template.name_any()),
+            template.data["status"].clone(),
+        );
+    }
+    Ok(written)
+}
+
+/// The entries of `after` that differ from `before`, both sides, for the failure message.
+fn changed_entries(before: &BTreeMap<String, Value>, after: &BTreeMap<String, Value>) -> String {
+    after
+        .iter()
+        .filter(|(name, value)| before.get(*name) != Some(value))
+        .map(|(name, value)| {
+            format!(
+                "{name}\n  before: {}\n  after:  {value}",
+                before.get(name).map_or("(none)".into(), Value::to_string)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 async fn wait_copies(federation: &Federation, wanted: usize, timeout: Duration) -> Result<()> {
     wait_for(&format!("{wanted} member copies"), timeout, || async {
         match member_copies(federation).await {
@@ -425,7 +466,7 @@ async fn one_hub_leads_a_killed_leader_is_replaced_and_a_stopped_one_hands_over(
     // The new leader has finished: every binding and template status written (on a slow
     // machine the burst's pods become Ready late, and a status still on its way would be
     // the next leader's to write, which the "nothing to change" check below would count).
-    wait_all_converged(&federation).await?;
+    wait_all_converged(&federation, WARM + BURST).await?;
 
     // SIGTERM hands over at once: the old leader's identity comes back as a standby, the
     // leader is stopped, releases the Lease, and the standby leads well before the Lease
@@ -438,6 +479,7 @@ async fn one_hub_leads_a_killed_leader_is_replaced_and_a_stopped_one_hands_over(
         Duration::from_secs(60),
     )
     .await?;
+    let before_handover = hub_written(&federation).await?;
     let stopping = Instant::now();
     let clean = standby.terminate(Duration::from_secs(15)).await?;
     let stopped = stopping.elapsed();
@@ -494,6 +536,11 @@ async fn one_hub_leads_a_killed_leader_is_replaced_and_a_stopped_one_hands_over(
         {
             eprintln!("{line}");
         }
+        let after = hub_written(&federation).await?;
+        eprintln!(
+            "what the new leader changed:\n{}",
+            changed_entries(&before_handover, &after)
+        );
     }
     assert_eq!(last.hub_writes, 0.0, "nothing to change, nothing written");
     assert_eq!(member_copies(&federation).await?, copies);
@@ -612,9 +659,12 @@ async fn a_frozen_leader_is_replaced_and_stops_writing_when_it_resumes() -> Resu
     delete_lease(&lease).await
 }
 
-/// Waits until every binding of the test namespace says Propagated=True and Healthy=True:
-/// the leader has written every binding status it will write for the current state.
-async fn wait_all_converged(federation: &Federation) -> Result<()> {
+/// Waits until each of the `templates` templates of the test namespace has its binding,
+/// Propagated=True and Healthy=True: the leader has written every binding status it will
+/// write for the current state. (A new stateless template's binding is written once its
+/// copies converge: counting only the bindings that exist let a slow machine's last ones
+/// through, and the next leader wrote them.)
+async fn wait_all_converged(federation: &Federation, templates: usize) -> Result<()> {
     let api: Api<bulkhead::api::ResourceBinding> =
         Api::namespaced(federation.hub.clone(), &federation.namespace);
     wait_for(
@@ -636,10 +686,13 @@ async fn wait_all_converged(federation: &Federation) -> Result<()> {
                         })
                     })
                     .count();
-                if waiting == 0 && !bindings.is_empty() {
+                if waiting == 0 && bindings.len() == templates {
                     Check::Done(())
                 } else {
-                    Check::Waiting(format!("{waiting} of {} not yet", bindings.len()))
+                    Check::Waiting(format!(
+                        "{} of {templates} bindings, {waiting} of them not yet Propagated and Healthy",
+                        bindings.len()
+                    ))
                 }
             }
         },

@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, ResourceExt};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -528,29 +528,20 @@ impl Loop {
         {
             Ok(_) => {
                 tracing::info!(database = %key(database), primary, term, why, "recorded the primary");
-                let event = Event {
-                    type_: if term > 1 {
-                        EventType::Warning
-                    } else {
-                        EventType::Normal
-                    },
-                    reason: if term > 1 {
-                        "Failover"
-                    } else {
-                        "PrimaryElected"
-                    }
-                    .into(),
-                    note: Some(format!("{primary} is the primary under term {term}: {why}")),
-                    action: "Failover".into(),
-                    secondary: None,
+                let (type_, reason) = if term > 1 {
+                    (EventType::Warning, "Failover")
+                } else {
+                    (EventType::Normal, "PrimaryElected")
                 };
-                if let Err(error) = self
-                    .recorder
-                    .publish(&event, &database.object_ref(&()))
-                    .await
-                {
-                    tracing::debug!(%error, "cannot publish event");
-                }
+                super::reconciler::publish(
+                    &self.recorder,
+                    database,
+                    type_,
+                    reason,
+                    format!("{primary} is the primary under term {term}: {why}"),
+                    "Failover",
+                )
+                .await;
                 true
             }
             Err(error) => {

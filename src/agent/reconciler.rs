@@ -166,20 +166,28 @@ impl Context {
     }
 
     async fn publish(&self, database: &MyDatabase, type_: EventType, reason: &str, note: String) {
-        let event = Event {
-            type_,
-            reason: reason.to_string(),
-            note: Some(note),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
-        if let Err(error) = self
-            .recorder
-            .publish(&event, &database.object_ref(&()))
-            .await
-        {
-            tracing::debug!(%error, "cannot publish event");
-        }
+        publish(&self.recorder, database, type_, reason, note, "Reconcile").await;
+    }
+}
+
+/// Publishes an Event on `database` (best effort: a failure is logged).
+pub async fn publish(
+    recorder: &Recorder,
+    database: &MyDatabase,
+    type_: EventType,
+    reason: &str,
+    note: String,
+    action: &str,
+) {
+    let event = Event {
+        type_,
+        reason: reason.to_string(),
+        note: Some(note),
+        action: action.into(),
+        secondary: None,
+    };
+    if let Err(error) = recorder.publish(&event, &database.object_ref(&())).await {
+        tracing::debug!(%error, "cannot publish event");
     }
 }
 

@@ -225,20 +225,7 @@ pub const CLUSTERS: [ClusterInfo; 4] = [
 /// The `lab` binary built in this workspace (its `runner` subcommand is each member's
 /// database node), or the one `BULKHEAD_LAB_RUNNER` names.
 pub fn lab_binary() -> Result<PathBuf> {
-    if let Some(path) = std::env::var_os("BULKHEAD_LAB_RUNNER") {
-        return Ok(PathBuf::from(path));
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let path = target.join("debug/lab");
-    if !path.is_file() {
-        bail!(
-            "{} is missing; run `cargo build -p bulkhead-e2e` first (make e2e does)",
-            path.display()
-        );
-    }
-    Ok(path)
+    crate::agent_support::workspace_binary("lab", "BULKHEAD_LAB_RUNNER", "bulkhead-e2e")
 }
 
 /// A cluster by name.
