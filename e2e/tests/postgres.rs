@@ -547,3 +547,178 @@ async fn scaling_down_to_one_and_back_loses_no_acknowledged_write() -> Result<()
     }
     Ok(())
 }
+
+/// Writes through `-rw` until `stop`, one id after another, following the Service's
+/// endpoint as it moves; returns the ids acknowledged and the longest time without one.
+async fn write_through_rw(
+    client: Client,
+    ns: String,
+    credentials: AppCredentials,
+    first: i32,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    acked: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) -> (Vec<i32>, Duration) {
+    let mut acknowledged = vec![];
+    let mut longest = Duration::ZERO;
+    let mut last = Instant::now();
+    let mut id = first;
+    let mut writer: Option<tokio_postgres::Client> = None;
+    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+        if writer.is_none()
+            && let Ok([address]) = endpoints(&client, &ns, "orders-rw").await.as_deref()
+        {
+            writer = connect(*address, &credentials).await.ok();
+        }
+        let Some(w) = writer.as_ref() else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        match tokio::time::timeout(
+            Duration::from_secs(5),
+            w.execute("INSERT INTO orders VALUES ($1)", &[&id]),
+        )
+        .await
+        {
+            Ok(Ok(_)) => {
+                acknowledged.push(id);
+                acked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                longest = longest.max(last.elapsed());
+                last = Instant::now();
+            }
+            // Refused or cut: the id is not used again (it may have been committed).
+            _ => writer = None,
+        }
+        id += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (acknowledged, longest)
+}
+
+/// A scale-down that removes the primary's pod (a failover made a high ordinal primary)
+/// switches the primary over to an instance it keeps first: with asynchronous replication
+/// (`synchronous: 0`), a client writing through `-rw` all along loses no acknowledged
+/// write, and the StatefulSet shrinks only once the kept instance leads.
+#[tokio::test]
+async fn a_scale_down_that_removes_the_primary_switches_over_first() -> Result<()> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    let cluster = "west";
+    let (lab, namespace, client) = setup(cluster, "pg-switchover").await?;
+    let ns = namespace.name.as_str();
+    let info = lab::member(cluster)?;
+    let agent = agent(&lab, cluster, ns, &["--no-fencing"])?;
+    let api: Api<MyDatabase> = Api::namespaced(client.clone(), ns);
+    let (primary, credentials) = database_up(&client, ns, "orders", (3, 0), &agent).await?;
+    write_rows(&connect(primary, &credentials).await?, 0..20, true).await?;
+
+    // A failover makes orders-1 or orders-2 the primary; orders-0 comes back a standby.
+    let frozen = freeze(&lab, info, ns, "orders-0")?;
+    let promoted = wait_for(
+        "another instance recorded as primary",
+        Duration::from_secs(30),
+        || {
+            let api = api.clone();
+            async move {
+                let status = match api.get("orders").await {
+                    Ok(db) => db.status.unwrap_or_default(),
+                    Err(e) => return Check::Waiting(e.to_string()),
+                };
+                match status.primary {
+                    Some(p) if p != "orders-0" && status.term == 2 => Check::Done(p),
+                    other => Check::Waiting(format!("{other:?} under term {}", status.term)),
+                }
+            }
+        },
+    )
+    .await;
+    thaw(&frozen);
+    let promoted = promoted.with_context(|| format!("agent log:\n{}", agent.log_tail()))?;
+    wait_streaming(&client, ns, "orders")
+        .await
+        .with_context(|| format!("agent log:\n{}", agent.log_tail()))?;
+
+    // Writes flow through -rw all along; then the scale-down to 1, which removes the
+    // primary's pod.
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(AtomicUsize::new(0));
+    let writer = tokio::spawn(write_through_rw(
+        client.clone(),
+        ns.to_string(),
+        credentials.clone(),
+        1000,
+        stop.clone(),
+        acked.clone(),
+    ));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let scaled_at = Instant::now();
+    api.patch_scale(
+        "orders",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&serde_json::json!({"spec": {"replicas": 1}})),
+    )
+    .await?;
+    let kept = wait_streaming(&client, ns, "orders")
+        .await
+        .with_context(|| format!("agent log:\n{}", agent.log_tail()))?;
+    let switched = scaled_at.elapsed();
+    let acked_before = acked.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::SeqCst);
+    let (acknowledged, longest_gap) = writer.await?;
+
+    let db = api.get("orders").await?;
+    let status = db.status.unwrap_or_default();
+    assert_eq!(
+        status.primary.as_deref(),
+        Some("orders-0"),
+        "the kept instance leads"
+    );
+    assert_eq!(status.term, 3, "the switchover raised the term once");
+    let pod = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), ns)
+        .get("orders-0")
+        .await?;
+    assert_eq!(
+        pod.status.and_then(|s| s.pod_ip).as_deref(),
+        Some(kept.to_string().as_str()),
+        "-rw selects orders-0"
+    );
+    let reader = connect(kept, &credentials).await?;
+    let rows: std::collections::BTreeSet<i32> = reader
+        .query("SELECT id FROM orders", &[])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let lost: Vec<&i32> = acknowledged
+        .iter()
+        .filter(|id| !rows.contains(id))
+        .collect();
+    eprintln!(
+        "switchover from {promoted} to orders-0 for the scale-down: settled {switched:?} after the scale; {} writes acknowledged through -rw, longest gap {longest_gap:?}",
+        acknowledged.len()
+    );
+    assert!(
+        (0..20).all(|id| rows.contains(&id)),
+        "the rows written before the failover are there"
+    );
+    assert!(
+        lost.is_empty(),
+        "acknowledged writes lost by the switchover: {lost:?}"
+    );
+    assert!(
+        acknowledged.len() > acked_before,
+        "writes go on through -rw after the switchover"
+    );
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), ns)
+        .list(&Default::default())
+        .await?;
+    assert!(
+        events
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("Switchover")),
+        "a Switchover Event on the MyDatabase"
+    );
+    Ok(())
+}

@@ -96,6 +96,24 @@ pub fn read_only_reason(database: &MyDatabase, fenced: bool) -> Option<ReadOnlyR
 }
 
 /// Names of a database's children.
+/// The StatefulSet's replicas: `spec.replicas`, except while a scale-down would remove the
+/// recorded primary's pod: then up to that pod, until the instance loop has switched the
+/// primary over to an instance that stays (`roles`).
+pub fn statefulset_replicas(database: &MyDatabase) -> i32 {
+    let wanted = database.spec.replicas;
+    match recorded_primary_ordinal(database) {
+        Some(ordinal) if wanted > 0 && ordinal >= wanted => ordinal + 1,
+        _ => wanted,
+    }
+}
+
+/// The ordinal of the pod `status.primary` names.
+fn recorded_primary_ordinal(database: &MyDatabase) -> Option<i32> {
+    let primary = database.status.as_ref()?.primary.as_deref()?;
+    let ordinal = primary.strip_prefix(&format!("{}-", database.name_any()))?;
+    ordinal.parse().ok()
+}
+
 pub fn headless_service_name(database: &str) -> String {
     format!("{database}-headless")
 }
@@ -300,7 +318,7 @@ pub fn statefulset(database: &MyDatabase, settings: &PodSettings) -> StatefulSet
     StatefulSet {
         metadata: metadata(database, name.clone()),
         spec: Some(StatefulSetSpec {
-            replicas: Some(database.spec.replicas),
+            replicas: Some(statefulset_replicas(database)),
             service_name: Some(headless_service_name(&name)),
             selector: LabelSelector {
                 match_labels: Some(selector_labels(database)),
@@ -624,6 +642,32 @@ mod tests {
             instance_image: "registry.local/bulkhead:1.2.3".into(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_scale_down_keeps_the_primary_s_pod_until_it_is_switched_over() {
+        let mut db = orders();
+        db.spec.replicas = 1;
+        assert_eq!(statefulset_replicas(&db), 1, "no primary recorded yet");
+        db.status = Some(crate::api::MyDatabaseStatus {
+            primary: Some("orders-2".into()),
+            term: 2,
+            ..Default::default()
+        });
+        assert_eq!(statefulset_replicas(&db), 3, "orders-2 stays");
+        assert_eq!(
+            statefulset(&db, &settings()).spec.unwrap().replicas,
+            Some(3)
+        );
+        db.status.as_mut().unwrap().primary = Some("orders-0".into());
+        assert_eq!(statefulset_replicas(&db), 1, "switched over: the pods go");
+        db.spec.replicas = 0;
+        db.status.as_mut().unwrap().primary = Some("orders-2".into());
+        assert_eq!(
+            statefulset_replicas(&db),
+            0,
+            "scaled to zero: every pod stops"
+        );
     }
 
     #[test]

@@ -24,12 +24,17 @@ use tokio_util::sync::CancellationToken;
 use super::builders::{self, LABEL_DATABASE, LABEL_ROLE, POSTGRES_PORT, ReadOnlyReason};
 use super::roles::{self, Recorded, RoleDecision, RoleInput};
 use crate::api::MyDatabase;
-use crate::api::instance::{Desired, INSTANCE_PORT, InstanceStatus, Role, parse_lsn};
+use crate::api::instance::{INSTANCE_PORT, InstanceStatus, Role, parse_lsn};
 use crate::api::mydatabase::DatabaseInstanceStatus;
 use crate::instance::client;
 
 /// How long a round waits for an instance it just told to promote to run as primary.
 const PROMOTION_WAIT: Duration = Duration::from_secs(3);
+
+/// A switchover that has not completed in this time is given up: the primary is promoted
+/// again, and the next attempt waits [`SWITCHOVER_HOLD_OFF`].
+const SWITCHOVER_TIMEOUT: Duration = Duration::from_secs(30);
+const SWITCHOVER_HOLD_OFF: Duration = Duration::from_secs(300);
 
 /// A standby further behind than this is not counted healthy.
 pub const MAX_HEALTHY_LAG_BYTES: u64 = 16 * 1024 * 1024;
@@ -134,6 +139,10 @@ struct Tracked {
     primary: Option<String>,
     primary_seen: Instant,
     token: Option<String>,
+    /// When the switchover under way began.
+    switchover: Option<Instant>,
+    /// No switchover begins before this (the last one did not complete in time).
+    switchover_hold: Option<Instant>,
 }
 
 /// Everything one round needs.
@@ -221,6 +230,8 @@ pub async fn run(
                 primary: None,
                 primary_seen: now,
                 token: None,
+                switchover: None,
+                switchover_hold: None,
             });
         }
         // Every database's round at once: a silent pod costs its database the request
@@ -236,10 +247,7 @@ pub async fn run(
 
 /// A pod's ordinal (`orders-2` -> 2).
 fn ordinal(pod: &Pod) -> u32 {
-    pod.name_any()
-        .rsplit_once('-')
-        .and_then(|(_, n)| n.parse().ok())
-        .unwrap_or(u32::MAX)
+    roles::ordinal_of(&pod.name_any()).unwrap_or(u32::MAX)
 }
 
 fn pod_ip(pod: &Pod) -> Option<IpAddr> {
@@ -324,7 +332,13 @@ impl Loop {
             .min(pods.len().saturating_sub(1) as u32);
 
         let now = Instant::now();
-        let mut told: Option<(Vec<(String, Desired)>, String)> = None;
+        // Replicas 0 stops every instance: nothing to switch over to.
+        let keep = u32::try_from(database.spec.replicas)
+            .ok()
+            .filter(|k| *k > 0)
+            .unwrap_or(u32::MAX);
+        let switchover_allowed = tracked.switchover_hold.is_none_or(|until| now >= until);
+        let mut told: Option<RoleDecision> = None;
         // At most two decisions: a new record, then the roles under it.
         for _ in 0..2 {
             let recorded = tracked.recorded.clone();
@@ -358,37 +372,83 @@ impl Loop {
                 failover_after: self.settings.failover_after,
                 port: POSTGRES_PORT as u16,
                 synchronous,
+                keep,
+                switchover_allowed,
             });
             match decision {
-                RoleDecision::Record { primary, term, why } => {
-                    if !self.record(&database, &primary, term, &why).await {
+                RoleDecision::Record {
+                    primary,
+                    term,
+                    why,
+                    switchover,
+                } => {
+                    if !self
+                        .record(&database, &primary, term, &why, switchover)
+                        .await
+                    {
                         break;
                     }
+                    tracked.switchover = None;
                     tracked.recorded = Recorded {
                         primary: Some(primary),
                         term,
                     };
                 }
-                RoleDecision::Tell { desired, message } => {
-                    told = Some((desired, message));
+                tell @ RoleDecision::Tell { .. } => {
+                    told = Some(tell);
                     break;
                 }
             }
         }
-        let Some((mut desired, message)) = told else {
+        let Some(RoleDecision::Tell {
+            mut desired,
+            message,
+            switching_to,
+        }) = told
+        else {
             return;
         };
-        // While the recorded primary still runs as a standby (being promoted), the others
-        // are given nothing to follow yet: a standby rewound against a primary whose
-        // promotion is not complete would find no new timeline to rewind to.
-        let promoting = read_only.is_none()
-            && tracked.recorded.primary.as_ref().is_some_and(|p| {
-                names
+        match (&switching_to, tracked.switchover) {
+            (None, _) => tracked.switchover = None,
+            (Some(_), None) => tracked.switchover = Some(now),
+            (Some(to), Some(began)) if now.duration_since(began) >= SWITCHOVER_TIMEOUT => {
+                // Given up: the primary is told to lead again next round.
+                tracked.switchover = None;
+                tracked.switchover_hold = Some(now + SWITCHOVER_HOLD_OFF);
+                let note = format!(
+                    "the switchover to {to} did not complete in {}s: the primary leads again, and the scale-down waits {}s for the next attempt",
+                    SWITCHOVER_TIMEOUT.as_secs(),
+                    SWITCHOVER_HOLD_OFF.as_secs()
+                );
+                tracing::warn!(database = %database_key, "{note}");
+                super::reconciler::publish(
+                    &self.recorder,
+                    &database,
+                    EventType::Warning,
+                    "SwitchoverTimedOut",
+                    note,
+                    "Switchover",
+                )
+                .await;
+            }
+            (Some(_), Some(_)) => {}
+        }
+        // While the recorded primary, told to lead, still runs as a standby (being
+        // promoted), the others are given nothing to follow yet: a standby rewound against
+        // a primary whose promotion is not complete would find no new timeline to rewind
+        // to. (A primary being demoted for a switchover is still followed: the standby
+        // taking over receives its last WAL from it.)
+        let promoting = tracked.recorded.primary.as_ref().is_some_and(|p| {
+            let told_to_lead = desired
+                .iter()
+                .any(|(pod, d)| pod == p && d.role == Role::Primary);
+            told_to_lead
+                && names
                     .iter()
                     .position(|n| n == p)
                     .and_then(|i| asked[i].as_ref())
                     .is_some_and(|s| s.role == Some(Role::Standby))
-            });
+        });
         if promoting {
             for (pod, wanted) in desired.iter_mut() {
                 if Some(pod.as_str()) != tracked.recorded.primary.as_deref() {
@@ -509,7 +569,14 @@ impl Loop {
 
     /// Records `primary` and `term` in the database's status, only if the database has not
     /// changed since it was read (a concurrent record wins; the next round reads it).
-    async fn record(&self, database: &MyDatabase, primary: &str, term: u64, why: &str) -> bool {
+    async fn record(
+        &self,
+        database: &MyDatabase,
+        primary: &str,
+        term: u64,
+        why: &str,
+        switchover: bool,
+    ) -> bool {
         let api: Api<MyDatabase> = Api::namespaced(
             self.client.clone(),
             &database.namespace().unwrap_or_default(),
@@ -528,10 +595,10 @@ impl Loop {
         {
             Ok(_) => {
                 tracing::info!(database = %key(database), primary, term, why, "recorded the primary");
-                let (type_, reason) = if term > 1 {
-                    (EventType::Warning, "Failover")
-                } else {
-                    (EventType::Normal, "PrimaryElected")
+                let (type_, reason) = match (switchover, term > 1) {
+                    (true, _) => (EventType::Normal, "Switchover"),
+                    (false, true) => (EventType::Warning, "Failover"),
+                    (false, false) => (EventType::Normal, "PrimaryElected"),
                 };
                 super::reconciler::publish(
                     &self.recorder,
@@ -539,7 +606,7 @@ impl Loop {
                     type_,
                     reason,
                     format!("{primary} is the primary under term {term}: {why}"),
-                    "Failover",
+                    reason,
                 )
                 .await;
                 true

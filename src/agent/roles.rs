@@ -13,11 +13,17 @@
 //! - fenced (the hub's lease is stale, or `spec.readOnly`), every instance is a standby
 //!   and nothing is promoted;
 //! - when the recorded primary has not answered for `failover_after`, the standby with the
-//!   most WAL received is promoted under the next term (none is when no standby answers).
+//!   most WAL received is promoted under the next term (none is when no standby answers),
+//!   one that a scale-down keeps before one it removes;
+//! - when a scale-down removes the recorded primary's pod (a failover made a high ordinal
+//!   primary), the primary is switched over first, with nothing lost: it is demoted (its
+//!   sessions end, it writes nothing more), the kept standby with the most WAL receives
+//!   everything it wrote, and only then is that standby recorded and promoted. The
+//!   reconciler keeps the primary's pod until the record names a kept instance.
 
 use std::time::Duration;
 
-use crate::api::instance::{Desired, InstanceStatus, Role, Upstream, parse_lsn};
+use crate::api::instance::{Desired, InstanceStatus, Role, Upstream, format_lsn, parse_lsn};
 
 /// One instance (pod) of the database, as the agent sees it this round.
 #[derive(Clone, Debug)]
@@ -53,6 +59,16 @@ pub struct RoleInput<'a> {
     pub port: u16,
     /// Standbys that must have a commit before the primary acknowledges it.
     pub synchronous: u32,
+    /// Instances whose ordinal is this or more are being removed by a scale-down.
+    pub keep: u32,
+    /// Whether a switchover may begin or go on (the caller stops one that does not
+    /// complete in time, and waits before it tries again).
+    pub switchover_allowed: bool,
+}
+
+/// A pod's ordinal (`orders-2` -> 2).
+pub fn ordinal_of(pod: &str) -> Option<u32> {
+    pod.rsplit_once('-').and_then(|(_, n)| n.parse().ok())
 }
 
 /// What the agent does this round.
@@ -63,12 +79,16 @@ pub enum RoleDecision {
         primary: String,
         term: u64,
         why: String,
+        /// A planned switchover (not a failover).
+        switchover: bool,
     },
     /// Tell each instance (by pod) its role.
     Tell {
         desired: Vec<(String, Desired)>,
         /// What the database is doing, for its status.
         message: String,
+        /// The recorded primary is being switched over to this instance.
+        switching_to: Option<String>,
     },
 }
 
@@ -83,22 +103,26 @@ pub fn decide(input: &RoleInput<'_>) -> RoleDecision {
                     "the first primary of a new database is its first instance, {}",
                     first.pod
                 ),
+                switchover: false,
             },
             None => RoleDecision::Tell {
                 desired: vec![],
                 message: "no instance yet".into(),
+                switching_to: None,
             },
         };
     };
     let term = input.recorded.term;
     let recorded_primary = input.instances.iter().find(|i| i.pod == primary);
     let answers = recorded_primary.is_some_and(|i| i.status.is_some());
+    let kept = |pod: &str| ordinal_of(pod).is_some_and(|o| o < input.keep);
     if !answers
         && input.fenced.is_none()
         && input
             .primary_silent_for
             .is_some_and(|silent| silent >= input.failover_after)
-        && let Some(candidate) = most_wal(input.instances, primary)
+        && let Some(candidate) = most_wal(input.instances, primary, &kept)
+            .or_else(|| most_wal(input.instances, primary, &|_| true))
     {
         let lsn = candidate
             .status
@@ -112,7 +136,54 @@ pub fn decide(input: &RoleInput<'_>) -> RoleDecision {
                 input.primary_silent_for.unwrap_or_default().as_secs(),
                 candidate.pod
             ),
+            switchover: false,
         };
+    }
+    // A scale-down removes the primary's pod: switch over to a kept standby first.
+    let mut switching: Option<(&Instance<'_>, String)> = None;
+    if input.fenced.is_none()
+        && input.switchover_allowed
+        && !kept(primary)
+        && let Some(old) = recorded_primary.and_then(|i| i.status)
+        && let Some(candidate) = most_wal(input.instances, primary, &kept)
+    {
+        let position = |status: &InstanceStatus| status.lsn.as_deref().and_then(parse_lsn);
+        let old_end = (old.role == Some(Role::Standby) && old.ready)
+            .then(|| position(old))
+            .flatten();
+        let received = candidate.status.and_then(position);
+        let words = |lsn: Option<u64>| lsn.map_or("no position".to_string(), format_lsn);
+        if let (Some(end), Some(received)) = (old_end, received)
+            && received >= end
+        {
+            return RoleDecision::Record {
+                primary: candidate.pod.to_string(),
+                term: term + 1,
+                why: format!(
+                    "switchover before the scale-down to {} instances removes {primary}: {} has received everything {primary} wrote ({})",
+                    input.keep,
+                    candidate.pod,
+                    format_lsn(end)
+                ),
+                switchover: true,
+            };
+        }
+        let waiting = match old_end {
+            None => format!("demoting {primary} first"),
+            Some(end) => format!(
+                "{primary} is demoted at {}; waiting for {} to receive it (at {})",
+                format_lsn(end),
+                candidate.pod,
+                words(received)
+            ),
+        };
+        switching = Some((
+            candidate,
+            format!(
+                "switching the primary over from {primary} to {} before the scale-down to {} instances removes {primary}: {waiting}",
+                candidate.pod, input.keep
+            ),
+        ));
     }
     let upstream = recorded_primary.map(|i| Upstream {
         host: i.host.to_string(),
@@ -126,11 +197,19 @@ pub fn decide(input: &RoleInput<'_>) -> RoleDecision {
         .collect();
     let mut desired = vec![];
     for instance in input.instances {
-        let leads = instance.pod == primary && input.fenced.is_none();
+        let leads = instance.pod == primary && input.fenced.is_none() && switching.is_none();
         let (role, upstream, reason) = if instance.pod == primary {
-            match input.fenced {
-                Some(why) => (Role::Standby, None, format!("fenced: {why}")),
-                None => (Role::Primary, None, "the recorded primary".to_string()),
+            match (input.fenced, &switching) {
+                (Some(why), _) => (Role::Standby, None, format!("fenced: {why}")),
+                (None, Some((candidate, _))) => (
+                    Role::Standby,
+                    None,
+                    format!(
+                        "switching over to {}: a scale-down removes this instance",
+                        candidate.pod
+                    ),
+                ),
+                (None, None) => (Role::Primary, None, "the recorded primary".to_string()),
             }
         } else {
             (
@@ -153,10 +232,21 @@ pub fn decide(input: &RoleInput<'_>) -> RoleDecision {
             },
         ));
     }
-    let message = match (input.fenced, answers) {
-        (Some(why), _) => format!("fenced ({why}): every instance is a hot standby"),
-        (None, true) => format!("{primary} is the primary (term {term})"),
-        (None, false) => match input.primary_silent_for {
+    let switching_to = switching.as_ref().map(|(c, _)| c.pod.to_string());
+    let message = match (input.fenced, answers, switching) {
+        (Some(why), _, _) => format!("fenced ({why}): every instance is a hot standby"),
+        (None, true, Some((_, words))) => words,
+        (None, true, None) if !kept(primary) => format!(
+            "{primary} is the primary (term {term}); the scale-down to {} instances waits {}",
+            input.keep,
+            if input.switchover_allowed {
+                "for a standby it keeps to be ready to take over"
+            } else {
+                "for the next switchover attempt (the last one did not complete in time)"
+            }
+        ),
+        (None, true, None) => format!("{primary} is the primary (term {term})"),
+        (None, false, _) => match input.primary_silent_for {
             Some(silent) if silent >= input.failover_after => format!(
                 "the primary {primary} has not answered for {}s and no standby answers to take over",
                 silent.as_secs()
@@ -169,15 +259,23 @@ pub fn decide(input: &RoleInput<'_>) -> RoleDecision {
             None => format!("waiting for the primary {primary} to answer"),
         },
     };
-    RoleDecision::Tell { desired, message }
+    RoleDecision::Tell {
+        desired,
+        message,
+        switching_to,
+    }
 }
 
-/// The answering standby (not `primary`) with the most WAL received; the first by ordinal
-/// among equals.
-fn most_wal<'a>(instances: &'a [Instance<'a>], primary: &str) -> Option<&'a Instance<'a>> {
+/// The answering, ready standby (not `primary`, one `eligible` names) with the most WAL
+/// received; the first by ordinal among equals.
+fn most_wal<'a>(
+    instances: &'a [Instance<'a>],
+    primary: &str,
+    eligible: &dyn Fn(&str) -> bool,
+) -> Option<&'a Instance<'a>> {
     let mut best: Option<(&Instance<'a>, u64)> = None;
     for instance in instances {
-        if instance.pod == primary {
+        if instance.pod == primary || !eligible(instance.pod) {
             continue;
         }
         let Some(status) = instance.status else {
@@ -230,6 +328,20 @@ mod tests {
             failover_after: Duration::from_secs(10),
             port: 5432,
             synchronous: 1,
+            keep: u32::MAX,
+            switchover_allowed: true,
+        }
+    }
+
+    /// The input of a database a scale-down shrinks to `keep` instances.
+    fn keeping<'a>(
+        instances: &'a [Instance<'a>],
+        recorded: &'a Recorded,
+        keep: u32,
+    ) -> RoleInput<'a> {
+        RoleInput {
+            keep,
+            ..input(instances, recorded, None)
         }
     }
 
@@ -310,7 +422,10 @@ mod tests {
         let decision = decide(&fenced);
         let roles: Vec<Role> = told(&decision).into_iter().map(|t| t.1).collect();
         assert_eq!(roles, [Role::Standby, Role::Standby]);
-        let RoleDecision::Tell { message, desired } = &decision else {
+        let RoleDecision::Tell {
+            message, desired, ..
+        } = &decision
+        else {
             unreachable!()
         };
         assert!(message.contains("fenced"), "{message}");
@@ -336,7 +451,7 @@ mod tests {
         );
         let decision = decide(&input(&instances, &rec, Some(10)));
         assert!(
-            matches!(&decision, RoleDecision::Record { primary, term: 5, why } if primary == "db-2" && why.contains("0/3000A00")),
+            matches!(&decision, RoleDecision::Record { primary, term: 5, why, switchover: false } if primary == "db-2" && why.contains("0/3000A00")),
             "{decision:?}"
         );
         // Once recorded, the old primary (back or not) is told to follow the new one.
@@ -370,5 +485,142 @@ mod tests {
             panic!("{decision:?}")
         };
         assert!(message.contains("no standby answers"), "{message}");
+    }
+
+    #[test]
+    fn a_failover_prefers_a_standby_the_scale_down_keeps() {
+        let kept = status(Role::Standby, "0/3000000");
+        let leaving = status(Role::Standby, "0/3000A00");
+        let instances = [
+            instance("db-0", None),
+            instance("db-1", Some(&kept)),
+            instance("db-2", Some(&leaving)),
+        ];
+        let rec = recorded("db-0", 1);
+        let mut shrinking = input(&instances, &rec, Some(10));
+        shrinking.keep = 2;
+        assert!(
+            matches!(&decide(&shrinking), RoleDecision::Record { primary, .. } if primary == "db-1"),
+            "db-2 goes with the scale-down"
+        );
+        // Only a leaving standby answers: it is promoted all the same (a switchover
+        // follows once a kept one is ready).
+        let instances = [
+            instance("db-0", None),
+            instance("db-1", None),
+            instance("db-2", Some(&leaving)),
+        ];
+        let mut shrinking = input(&instances, &rec, Some(10));
+        shrinking.keep = 2;
+        assert!(
+            matches!(&decide(&shrinking), RoleDecision::Record { primary, .. } if primary == "db-2")
+        );
+    }
+
+    #[test]
+    fn a_scale_down_that_removes_the_primary_switches_over_without_losing_a_write() {
+        let rec = recorded("db-2", 2);
+        let caught_up = status(Role::Standby, "0/5000000");
+        let behind = status(Role::Standby, "0/4000000");
+        let primary = status(Role::Primary, "0/5000000");
+        // 1. The primary leads; the scale-down to 1 removes it: it is demoted first, the
+        //    standbys keep following it (the one taking over receives its last WAL).
+        let instances = [
+            instance("db-0", Some(&behind)),
+            instance("db-1", Some(&caught_up)),
+            instance("db-2", Some(&primary)),
+        ];
+        let shrinking = keeping(&instances, &rec, 1);
+        let decision = decide(&shrinking);
+        assert_eq!(
+            told(&decision),
+            [
+                ("db-0".into(), Role::Standby, Some("db-2".into()), 2),
+                ("db-1".into(), Role::Standby, Some("db-2".into()), 2),
+                ("db-2".into(), Role::Standby, None, 2),
+            ]
+        );
+        let RoleDecision::Tell {
+            switching_to,
+            message,
+            desired,
+        } = &decision
+        else {
+            unreachable!()
+        };
+        assert_eq!(switching_to.as_deref(), Some("db-0"), "the only kept one");
+        assert!(message.contains("demoting db-2 first"), "{message}");
+        assert!(desired[2].1.standbys.is_empty() && desired[2].1.synchronous == 0);
+
+        // 2. Demoted at 0/5000100; db-0 has not received it all: nothing is recorded.
+        let demoted = status(Role::Standby, "0/5000100");
+        let instances = [
+            instance("db-0", Some(&behind)),
+            instance("db-1", Some(&caught_up)),
+            instance("db-2", Some(&demoted)),
+        ];
+        let shrinking = keeping(&instances, &rec, 1);
+        let decision = decide(&shrinking);
+        let RoleDecision::Tell { message, .. } = &decision else {
+            panic!("{decision:?}")
+        };
+        assert!(
+            message.contains("waiting for db-0 to receive it (at 0/4000000)"),
+            "{message}"
+        );
+        // A demotion still restarting (not ready) is no end position either.
+        let restarting = InstanceStatus {
+            ready: false,
+            ..status(Role::Standby, "0/5000100")
+        };
+        let all_there = status(Role::Standby, "0/5000100");
+        let instances = [
+            instance("db-0", Some(&all_there)),
+            instance("db-2", Some(&restarting)),
+        ];
+        let shrinking = keeping(&instances, &rec, 1);
+        assert!(matches!(
+            decide(&shrinking),
+            RoleDecision::Tell {
+                switching_to: Some(_),
+                ..
+            }
+        ));
+
+        // 3. db-0 has everything: it is recorded under the next term, then promoted.
+        let instances = [
+            instance("db-0", Some(&all_there)),
+            instance("db-1", Some(&caught_up)),
+            instance("db-2", Some(&demoted)),
+        ];
+        let shrinking = keeping(&instances, &rec, 1);
+        let decision = decide(&shrinking);
+        assert!(
+            matches!(&decision, RoleDecision::Record { primary, term: 3, switchover: true, why } if primary == "db-0" && why.contains("0/5000100")),
+            "{decision:?}"
+        );
+
+        // Fenced, or given up: no switchover; the primary is told to lead (or be fenced).
+        let instances = [
+            instance("db-0", Some(&all_there)),
+            instance("db-2", Some(&primary)),
+        ];
+        let mut held = keeping(&instances, &rec, 1);
+        held.switchover_allowed = false;
+        let decision = decide(&held);
+        assert_eq!(told(&decision)[1].1, Role::Primary);
+        let RoleDecision::Tell { message, .. } = &decision else {
+            unreachable!()
+        };
+        assert!(message.contains("next switchover attempt"), "{message}");
+        held.switchover_allowed = true;
+        held.fenced = Some("spec.readOnly");
+        assert!(matches!(
+            decide(&held),
+            RoleDecision::Tell {
+                switching_to: None,
+                ..
+            }
+        ));
     }
 }

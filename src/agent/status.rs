@@ -1,6 +1,7 @@
 //! A MyDatabase's status, computed as a pure function of what the agent observed.
 
 use k8s_openapi::api::apps::v1::StatefulSet;
+use kube::ResourceExt;
 
 use super::builders::ReadOnlyReason;
 use super::instances::InstancesView;
@@ -84,11 +85,19 @@ pub fn compute_status(observed: &Observed) -> MyDatabaseStatus {
         } else {
             "ScalingDown"
         };
-        (
-            true,
-            reason,
-            format!("{} of {} replicas exist", counts.current, counts.desired),
-        )
+        let held = super::builders::statefulset_replicas(database);
+        let message = if held > database.spec.replicas {
+            format!(
+                "{} of {} replicas exist; the scale-down keeps {}-{} until the primary is switched over to an instance it keeps",
+                counts.current,
+                counts.desired,
+                database.name_any(),
+                held - 1
+            )
+        } else {
+            format!("{} of {} replicas exist", counts.current, counts.desired)
+        };
+        (true, reason, message)
     } else if counts.updated != counts.desired {
         (
             true,

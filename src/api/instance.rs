@@ -127,6 +127,11 @@ pub fn parse_lsn(text: &str) -> Option<u64> {
     (high <= u32::MAX as u64 && low <= u32::MAX as u64).then_some((high << 32) | low)
 }
 
+/// `0/3000A00`: a WAL position in bytes as PostgreSQL writes it.
+pub fn format_lsn(lsn: u64) -> String {
+    format!("{:X}/{:X}", lsn >> 32, lsn & 0xFFFF_FFFF)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
