@@ -21,7 +21,6 @@ use anyhow::{Context, Result};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use tokio::process::Child;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -561,30 +560,36 @@ impl Instance {
     }
 }
 
+/// The instance API's listener: the agent, a connection a round.
+const INSTANCE_LIMITS: crate::server::ConnectionLimits = crate::server::ConnectionLimits {
+    max_connections: 64,
+    header_read_timeout: HEADER_TIMEOUT,
+    keep_alive_interval: Duration::from_secs(10),
+    idle_timeout: Duration::from_secs(60),
+    max_age: Duration::from_secs(300),
+};
+
 /// Serves the instance API until `shutdown`.
 async fn serve(
     instance: Arc<Instance>,
     listener: tokio::net::TcpListener,
     shutdown: CancellationToken,
 ) {
-    while let Some(stream) =
-        crate::server::next_connection(&listener, &shutdown, "instance API").await
-    {
-        let instance = instance.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |request| {
+    crate::server::serve_limited(
+        listener,
+        INSTANCE_LIMITS,
+        "instance API",
+        |stream| async move { Some(stream) },
+        move || {
+            let instance = instance.clone();
+            hyper::service::service_fn(move |request| {
                 let instance = instance.clone();
                 async move { Ok::<_, std::convert::Infallible>(respond(&instance, request).await) }
-            });
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT);
-            let _ = builder
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
-    }
+            })
+        },
+        shutdown,
+    )
+    .await;
 }
 
 async fn respond(

@@ -32,7 +32,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+
 use kube::runtime::events::{Recorder, Reporter};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -54,6 +54,34 @@ use tenants::TenantRegistry;
 const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 /// Longest time a request may take to arrive and be answered.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Reviews read and answered at once, at most: each may hold a body of up to
+/// [`MAX_BODY_BYTES`] and its parsed forms, so this bounds the memory requests can take.
+/// A review is answered in milliseconds; one that finds every slot taken waits up to
+/// [`REVIEW_SLOT_WAIT`], then gets 503.
+const REVIEW_SLOTS: usize = 4;
+const REVIEW_SLOT_WAIT: Duration = Duration::from_secs(2);
+
+/// The kinds the webhook has rules for; the metrics' `kind` label is one of them or
+/// `other` (a label taken from the request would grow without bound).
+const REVIEWED_KINDS: [&str; 8] = [
+    "MyDatabase",
+    "PropagationPolicy",
+    "ClusterPropagationPolicy",
+    "OverridePolicy",
+    "ClusterOverridePolicy",
+    "MemberCluster",
+    "ResourceInterpreter",
+    "StatefulSet",
+];
+
+/// The metrics' `kind` label for a request's kind.
+fn metric_kind(kind: &str) -> String {
+    if REVIEWED_KINDS.contains(&kind) {
+        kind.to_string()
+    } else {
+        "other".to_string()
+    }
+}
 
 /// `bulkhead webhook` options.
 #[derive(clap::Args, Clone, Debug)]
@@ -140,6 +168,8 @@ struct WebhookMetrics {
 struct Server {
     state: AdmissionState,
     metrics: WebhookMetrics,
+    /// [`REVIEW_SLOTS`] permits.
+    reviews: tokio::sync::Semaphore,
 }
 
 fn respond(status: StatusCode, content_type: &'static str, body: Vec<u8>) -> Response<Full<Bytes>> {
@@ -203,6 +233,10 @@ impl Server {
             };
             return respond(StatusCode::METHOD_NOT_ALLOWED, "text/plain", what.to_vec());
         }
+        let _slot = match self.review_slot().await {
+            Ok(slot) => slot,
+            Err(busy) => return busy,
+        };
         let body = match Limited::new(request.into_body(), MAX_BODY_BYTES)
             .collect()
             .await
@@ -218,6 +252,23 @@ impl Server {
             }
         };
         self.answer(path, &body)
+    }
+
+    /// One of the [`REVIEW_SLOTS`], or 503 once none came free in [`REVIEW_SLOT_WAIT`].
+    async fn review_slot(
+        &self,
+    ) -> std::result::Result<tokio::sync::SemaphorePermit<'_>, Response<Full<Bytes>>> {
+        match tokio::time::timeout(REVIEW_SLOT_WAIT, self.reviews.acquire()).await {
+            Ok(Ok(slot)) => Ok(slot),
+            _ => Err(respond(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                format!(
+                    "too many reviews at once ({REVIEW_SLOTS} are answered at a time); try again\n"
+                )
+                .into_bytes(),
+            )),
+        }
     }
 
     /// Answers one review body posted to `path`: every request goes through here once
@@ -262,7 +313,7 @@ impl Server {
                                 "application/json",
                                 admission::encode(response),
                             ),
-                            request.kind.kind.clone(),
+                            metric_kind(&request.kind.kind),
                             format!("{:?}", request.operation).to_uppercase(),
                             outcome.as_str(),
                         )
@@ -296,6 +347,16 @@ impl Server {
     }
 }
 
+/// The webhook's listener: the API servers keep a few connections each; anything on the
+/// pod network can connect.
+const WEBHOOK_LIMITS: crate::server::ConnectionLimits = crate::server::ConnectionLimits {
+    max_connections: 256,
+    header_read_timeout: Duration::from_secs(10),
+    keep_alive_interval: Duration::from_secs(30),
+    idle_timeout: Duration::from_secs(30),
+    max_age: Duration::from_secs(600),
+};
+
 /// Serves HTTPS on `listener` until shutdown; every handshake uses the store's current
 /// certificate.
 async fn serve(
@@ -304,27 +365,26 @@ async fn serve(
     server: Arc<Server>,
     shutdown: CancellationToken,
 ) {
-    loop {
-        let (stream, peer) = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => { tracing::warn!(%error, "webhook accept failed"); continue; }
-            },
-        };
-        let acceptor = acceptor.clone();
-        let server = server.clone();
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            let tls = match tokio::time::timeout(REQUEST_TIMEOUT, acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(error)) => {
-                    tracing::debug!(%peer, %error, "TLS handshake failed");
-                    return;
+    crate::server::serve_limited(
+        listener,
+        WEBHOOK_LIMITS,
+        "webhook",
+        move |stream| {
+            let acceptor = acceptor.clone();
+            async move {
+                let peer = stream.peer_addr().ok();
+                match acceptor.accept(stream).await {
+                    Ok(tls) => Some(tls),
+                    Err(error) => {
+                        tracing::debug!(?peer, %error, "TLS handshake failed");
+                        None
+                    }
                 }
-                Err(_) => return,
-            };
-            let service = hyper::service::service_fn(move |request| {
+            }
+        },
+        move || {
+            let server = server.clone();
+            hyper::service::service_fn(move |request| {
                 let server = server.clone();
                 async move {
                     let answer =
@@ -337,14 +397,11 @@ async fn serve(
                         )
                     }))
                 }
-            });
-            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            tokio::select! {
-                _ = builder.serve_connection(TokioIo::new(tls), service) => {}
-                _ = shutdown.cancelled() => {}
-            }
-        });
-    }
+            })
+        },
+        shutdown,
+    )
+    .await;
 }
 
 fn endpoint(options: &WebhookServerOptions) -> Endpoint {
@@ -528,6 +585,7 @@ pub async fn start(
             known_clusters,
         },
         metrics,
+        reviews: tokio::sync::Semaphore::new(REVIEW_SLOTS),
     });
     let serving = tokio::spawn(serve(listener, acceptor, server, process.shutdown.clone()));
 
@@ -668,6 +726,26 @@ mod tests {
         tenants
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn reviews_beyond_the_slots_wait_then_get_503() {
+        let server = test_server(synced_registry());
+        let taken = server
+            .reviews
+            .acquire_many(REVIEW_SLOTS as u32)
+            .await
+            .unwrap();
+        let busy = server.review_slot().await.expect_err("every slot is taken");
+        assert_eq!(busy.status(), StatusCode::SERVICE_UNAVAILABLE);
+        drop(taken);
+        assert!(server.review_slot().await.is_ok());
+    }
+
+    #[test]
+    fn the_kind_label_is_one_of_a_fixed_set() {
+        assert_eq!(metric_kind("MyDatabase"), "MyDatabase");
+        assert_eq!(metric_kind("Anything-a-caller-sends-1234"), "other");
+    }
+
     pub(super) fn test_server(tenants: Arc<TenantRegistry>) -> Server {
         Server {
             state: AdmissionState {
@@ -678,6 +756,7 @@ mod tests {
                 requests: Family::default(),
                 duration: Histogram::new(exponential_buckets(0.001, 2.0, 4)),
             },
+            reviews: tokio::sync::Semaphore::new(REVIEW_SLOTS),
         }
     }
 
