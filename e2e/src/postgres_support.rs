@@ -193,3 +193,75 @@ pub fn outside(pod_ip: Ipv4Addr) -> Result<Ipv4Addr> {
     runner::outside_of(pod_ip)
         .with_context(|| format!("{pod_ip} is not a lab database pod's address"))
 }
+
+/// Inserts into table `orders` through Service `service` until `stop`, one id after
+/// another from `first`, following the Service's endpoint as it moves (`acked` counts the
+/// acknowledged ones as they come); returns the ids acknowledged and the longest time
+/// without one.
+#[allow(clippy::too_many_arguments)]
+pub async fn write_through(
+    client: Client,
+    ns: String,
+    service: String,
+    credentials: AppCredentials,
+    first: i32,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    acked: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) -> (Vec<i32>, Duration) {
+    let mut acknowledged = vec![];
+    let mut longest = Duration::ZERO;
+    let mut last = std::time::Instant::now();
+    let mut id = first;
+    let mut writer: Option<tokio_postgres::Client> = None;
+    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+        if writer.is_none()
+            && let Ok([address]) = endpoints(&client, &ns, &service).await.as_deref()
+        {
+            writer = connect(*address, &credentials).await.ok();
+        }
+        let Some(w) = writer.as_ref() else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        match tokio::time::timeout(
+            Duration::from_secs(5),
+            w.execute("INSERT INTO orders VALUES ($1)", &[&id]),
+        )
+        .await
+        {
+            Ok(Ok(_)) => {
+                acknowledged.push(id);
+                acked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                longest = longest.max(last.elapsed());
+                last = std::time::Instant::now();
+            }
+            // Refused or cut: the id is not used again (it may have been committed).
+            _ => writer = None,
+        }
+        id += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (acknowledged, longest)
+}
+
+/// The ids in table `orders` of the server at `address`, and those of `acknowledged` it
+/// does not have (acknowledged writes lost).
+pub async fn rows_and_lost(
+    address: Ipv4Addr,
+    credentials: &AppCredentials,
+    acknowledged: &[i32],
+) -> Result<(std::collections::BTreeSet<i32>, Vec<i32>)> {
+    let rows: std::collections::BTreeSet<i32> = connect(address, credentials)
+        .await?
+        .query("SELECT id FROM orders", &[])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let lost = acknowledged
+        .iter()
+        .filter(|id| !rows.contains(id))
+        .copied()
+        .collect();
+    Ok((rows, lost))
+}

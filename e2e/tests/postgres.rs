@@ -10,8 +10,8 @@ use bulkhead::api::MyDatabase;
 use bulkhead_e2e::agent_support::{AgentProcess, LeaseRenewer};
 use bulkhead_e2e::lab::{self, runner};
 use bulkhead_e2e::postgres_support::{
-    AppCredentials, app_credentials, connect, endpoints, freeze, outside, sqlstate, thaw,
-    wait_streaming,
+    AppCredentials, app_credentials, connect, endpoints, freeze, outside, rows_and_lost, sqlstate,
+    thaw, wait_streaming, write_through,
 };
 use bulkhead_e2e::support::{self, Partition, TestNamespace};
 use bulkhead_e2e::{Check, wait_for};
@@ -548,52 +548,6 @@ async fn scaling_down_to_one_and_back_loses_no_acknowledged_write() -> Result<()
     Ok(())
 }
 
-/// Writes through `-rw` until `stop`, one id after another, following the Service's
-/// endpoint as it moves; returns the ids acknowledged and the longest time without one.
-async fn write_through_rw(
-    client: Client,
-    ns: String,
-    credentials: AppCredentials,
-    first: i32,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    acked: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-) -> (Vec<i32>, Duration) {
-    let mut acknowledged = vec![];
-    let mut longest = Duration::ZERO;
-    let mut last = Instant::now();
-    let mut id = first;
-    let mut writer: Option<tokio_postgres::Client> = None;
-    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-        if writer.is_none()
-            && let Ok([address]) = endpoints(&client, &ns, "orders-rw").await.as_deref()
-        {
-            writer = connect(*address, &credentials).await.ok();
-        }
-        let Some(w) = writer.as_ref() else {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            continue;
-        };
-        match tokio::time::timeout(
-            Duration::from_secs(5),
-            w.execute("INSERT INTO orders VALUES ($1)", &[&id]),
-        )
-        .await
-        {
-            Ok(Ok(_)) => {
-                acknowledged.push(id);
-                acked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                longest = longest.max(last.elapsed());
-                last = Instant::now();
-            }
-            // Refused or cut: the id is not used again (it may have been committed).
-            _ => writer = None,
-        }
-        id += 1;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    (acknowledged, longest)
-}
-
 /// A scale-down that removes the primary's pod (a failover made a high ordinal primary)
 /// switches the primary over to an instance it keeps first: with asynchronous replication
 /// (`synchronous: 0`), a client writing through `-rw` all along loses no acknowledged
@@ -642,9 +596,10 @@ async fn a_scale_down_that_removes_the_primary_switches_over_first() -> Result<(
     // primary's pod.
     let stop = Arc::new(AtomicBool::new(false));
     let acked = Arc::new(AtomicUsize::new(0));
-    let writer = tokio::spawn(write_through_rw(
+    let writer = tokio::spawn(write_through(
         client.clone(),
         ns.to_string(),
+        "orders-rw".into(),
         credentials.clone(),
         1000,
         stop.clone(),
@@ -683,17 +638,7 @@ async fn a_scale_down_that_removes_the_primary_switches_over_first() -> Result<(
         Some(kept.to_string().as_str()),
         "-rw selects orders-0"
     );
-    let reader = connect(kept, &credentials).await?;
-    let rows: std::collections::BTreeSet<i32> = reader
-        .query("SELECT id FROM orders", &[])
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    let lost: Vec<&i32> = acknowledged
-        .iter()
-        .filter(|id| !rows.contains(id))
-        .collect();
+    let (rows, lost) = rows_and_lost(kept, &credentials, &acknowledged).await?;
     eprintln!(
         "switchover from {promoted} to orders-0 for the scale-down: settled {switched:?} after the scale; {} writes acknowledged through -rw, longest gap {longest_gap:?}",
         acknowledged.len()
