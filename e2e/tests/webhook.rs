@@ -806,5 +806,36 @@ async fn the_hub_can_serve_the_webhook_in_process() -> Result<()> {
         .await
         .with_context(|| format!("hub log:\n{}", hub_process.log_text()))?;
     eprintln!("denial from the hub's in-process webhook: {message}");
+
+    // Someone deletes the validating configuration: the hub creates it again once it is
+    // missing at two of its checks (15 s apart), and goes on running; the rule holds again.
+    let configurations = Api::<ValidatingWebhookConfiguration>::all(hub.clone());
+    let validating = format!("e2e-{ns}-validating");
+    configurations
+        .delete(&validating, &Default::default())
+        .await?;
+    let deleted = std::time::Instant::now();
+    wait_for(
+        "the hub to create the deleted configuration again",
+        Duration::from_secs(60),
+        || {
+            let configurations = configurations.clone();
+            let validating = validating.clone();
+            async move {
+                match configurations.get_opt(&validating).await {
+                    Ok(Some(_)) => Check::Done(()),
+                    Ok(None) => Check::Waiting("deleted".into()),
+                    Err(e) => Check::Waiting(e.to_string()),
+                }
+            }
+        },
+    )
+    .await
+    .with_context(|| format!("hub log:\n{}", hub_process.log_text()))?;
+    eprintln!(
+        "the deleted webhook configuration was back {:?} later",
+        deleted.elapsed()
+    );
+    wait_for_denial(&policies, &weightless, "tolerationSeconds").await?;
     Ok(())
 }

@@ -193,7 +193,10 @@ pub async fn run(options: AgentOptions) -> Result<()> {
     };
     let (statefulsets, services) = reconciler::owned_kinds(&client, options.namespace.as_deref());
     let children = watcher::Config::default().labels("app.kubernetes.io/managed-by=bulkhead-agent");
-    process.readiness.set_ready();
+    if !options.webhook {
+        // With the webhook, its task says ready once the tenant rules are listed.
+        process.readiness.set_ready();
+    }
     tracing::info!(
         namespace = options.namespace.as_deref().unwrap_or("<all>"),
         "agent ready"

@@ -243,7 +243,10 @@ pub async fn run(options: HubOptions) -> Result<()> {
             hub_recorder(&process, &identity),
             process.shutdown.clone(),
         );
-        process.readiness.set_ready();
+        if !options.webhook {
+            // With the webhook, its task says ready once the tenant rules are listed.
+            process.readiness.set_ready();
+        }
         let state = HubState {
             leadership,
             evidence: membership::evidence::Evidence::new(options.lease_renew_interval),

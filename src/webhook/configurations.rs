@@ -292,6 +292,32 @@ pub async fn install(
     Ok(())
 }
 
+/// The configurations of `spec` that do not exist in the cluster (deleted by someone).
+pub async fn missing(
+    client: &kube::Client,
+    spec: &ConfigurationSpec,
+) -> Result<Vec<String>, kube::Error> {
+    use kube::Api;
+    let validating_name = format!("{}-validating", spec.name);
+    let mutating_name = format!("{}-mutating", spec.name);
+    let mut missing = vec![];
+    if Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .get_opt(&validating_name)
+        .await?
+        .is_none()
+    {
+        missing.push(format!("ValidatingWebhookConfiguration {validating_name}"));
+    }
+    if Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .get_opt(&mutating_name)
+        .await?
+        .is_none()
+    {
+        missing.push(format!("MutatingWebhookConfiguration {mutating_name}"));
+    }
+    Ok(missing)
+}
+
 /// Points the MyDatabase CRD's conversion at the webhook and serves `v1alpha1`. Writes
 /// only when something differs, so it can be re-run to keep the caBundle current (for
 /// example after the CRD was re-applied with `served: false`).

@@ -445,8 +445,8 @@ pub async fn run(options: WebhookOptions) -> Result<()> {
             ClusterRole::Member,
         ));
     }
+    // Ready once the tenant rules are listed (the webhook's own task says so).
     let serving = start(&process, &options.server, targets).await?;
-    process.readiness.set_ready();
     let _ = serving.await;
     process.finish().await;
     Ok(())
@@ -592,12 +592,9 @@ pub async fn start(
     // Not ready until the tenant rules and namespace labels are listed: until then the
     // server answers, but denies tenant-governed requests (configurations left by an
     // earlier run already send them here). The configurations are installed only after,
-    // so a first start has no such window at all.
-    if !wait_for_tenants(process, &tenants, &options.tenant_namespace).await {
-        return Ok(serving);
-    }
-
-    // Configurations, now that the server answers and enforces the tenant rules.
+    // so a first start has no such window at all. All of it in the background: a webhook
+    // that cannot be set up (a permission missing, an API server slow) never holds up the
+    // process that serves it (the hub's leader election and controller go on).
     let spec = ConfigurationSpec {
         name: options.configuration_name.clone(),
         endpoint: endpoint(options),
@@ -608,62 +605,109 @@ pub async fn start(
             .and_then(|l| l.split_once('='))
             .map(|(k, v)| (k.to_string(), v.to_string())),
     };
-    let mut configured: Vec<(String, kube::Client)> = vec![];
-    for (name, cluster, role) in targets {
-        configurations::install(&cluster, &spec, role)
-            .await
-            .map_err(|source| {
-                Error::api(
-                    format!("installing the {role:?} webhook configurations in {name}"),
-                    source,
-                )
-            })?;
-        tracing::info!(cluster = %name, ?role, "webhook configurations installed");
-        configured.push((name, cluster));
-    }
-    if options.conversion {
-        for (name, cluster) in &configured {
-            configurations::ensure_conversion(cluster, &spec)
-                .await
-                .map_err(|source| {
-                    Error::api(
-                        format!("configuring MyDatabase conversion in {name}"),
-                        source,
-                    )
-                })?;
-            tracing::info!(cluster = %name, "MyDatabase v1alpha1 served through this webhook");
+    let readiness = process.readiness.clone();
+    let shutdown = process.shutdown.clone();
+    let tenant_namespace = options.tenant_namespace.clone();
+    let conversion = options.conversion;
+    tokio::spawn(async move {
+        if !wait_for_tenants(&readiness, &shutdown, &tenants, &tenant_namespace).await {
+            return;
         }
-        // Keep it so: re-applying the CRD resets `served` and the conversion webhook.
-        let shutdown = process.shutdown.clone();
-        let spec = spec.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(Duration::from_secs(15)) => {}
-                }
-                for (name, cluster) in &configured {
-                    match configurations::ensure_conversion(cluster, &spec).await {
-                        Ok(true) => {
-                            tracing::info!(cluster = %name, "MyDatabase conversion webhook re-configured")
-                        }
-                        Ok(false) => {}
-                        Err(error) => {
-                            tracing::warn!(cluster = %name, %error, "cannot check the MyDatabase conversion configuration")
-                        }
-                    }
-                }
-            }
-        });
-    }
-
+        readiness.set_ready();
+        keep_configurations(targets, spec, conversion, shutdown).await;
+    });
     Ok(serving)
 }
 
-/// Reports not ready while the tenant watches have not listed once, logging what is
-/// missing now and then. False when shutdown came first.
+/// How often the configurations are checked. One found missing at two checks in a row
+/// is created again: `helm uninstall` deletes the configurations a moment before it
+/// deletes the Deployment, and a webhook that re-created them in that moment would leave
+/// configurations behind that point at nothing (with `failurePolicy: Fail`, they would
+/// block every write of their kinds); the pod is told to stop well within a check.
+const CONFIGURATIONS_EVERY: Duration = Duration::from_secs(15);
+
+/// Installs the webhook configurations in every target, then keeps them: one deleted (and
+/// still missing a check later) is created again, the MyDatabase conversion (with
+/// `conversion`) is set again when the CRD was re-applied. A failure is logged with its
+/// fix and tried again; it never ends the process.
+async fn keep_configurations(
+    targets: Vec<(String, kube::Client, ClusterRole)>,
+    spec: ConfigurationSpec,
+    conversion: bool,
+    shutdown: CancellationToken,
+) {
+    // Per target: installed once, and what was missing at the last check.
+    let mut installed = vec![false; targets.len()];
+    let mut missing_before: Vec<Vec<String>> = vec![vec![]; targets.len()];
+    loop {
+        let mut failed = false;
+        for (i, (name, cluster, role)) in targets.iter().enumerate() {
+            let mut recreate = vec![];
+            if installed[i] {
+                match configurations::missing(cluster, &spec).await {
+                    Ok(missing) => {
+                        recreate = missing
+                            .iter()
+                            .filter(|m| missing_before[i].contains(m))
+                            .cloned()
+                            .collect();
+                        if !missing.is_empty() && recreate.is_empty() {
+                            tracing::warn!(cluster = %name, missing = %missing.join(", "), "webhook configurations deleted; creating them again if they are still missing at the next check");
+                        }
+                        missing_before[i] = missing;
+                    }
+                    Err(error) => {
+                        tracing::warn!(cluster = %name, %error, "cannot read the webhook configurations (the webhook needs get, create and patch on its own Validating- and MutatingWebhookConfiguration)");
+                        failed = true;
+                        continue;
+                    }
+                }
+                if recreate.is_empty() {
+                    continue;
+                }
+            }
+            match configurations::install(cluster, &spec, *role).await {
+                Ok(()) if installed[i] => {
+                    tracing::warn!(cluster = %name, created = %recreate.join(", "), "webhook configurations were deleted; created them again");
+                    missing_before[i].clear();
+                }
+                Ok(()) => {
+                    tracing::info!(cluster = %name, ?role, "webhook configurations installed");
+                    installed[i] = true;
+                }
+                Err(error) => {
+                    failed = true;
+                    tracing::warn!(cluster = %name, ?role, %error, "cannot install the webhook configurations; trying again (the webhook needs get, create and patch on {}-validating and {}-mutating)", spec.name, spec.name);
+                }
+            }
+            if conversion && installed[i] {
+                match configurations::ensure_conversion(cluster, &spec).await {
+                    Ok(true) => {
+                        tracing::info!(cluster = %name, "MyDatabase v1alpha1 served through this webhook (conversion configured)")
+                    }
+                    Ok(false) => {}
+                    Err(error) => {
+                        failed = true;
+                        tracing::warn!(cluster = %name, %error, "cannot configure the MyDatabase conversion webhook; trying again");
+                    }
+                }
+            }
+        }
+        let wait = if failed {
+            Duration::from_secs(5)
+        } else {
+            CONFIGURATIONS_EVERY
+        };
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
 async fn wait_for_tenants(
-    process: &Process,
+    readiness: &crate::server::Readiness,
+    shutdown: &CancellationToken,
     tenants: &TenantRegistry,
     tenant_namespace: &str,
 ) -> bool {
@@ -673,11 +717,11 @@ async fn wait_for_tenants(
             tracing::info!(waited = ?started.elapsed(), "tenant rules and namespace labels synced");
             return true;
         };
-        process.readiness.set_not_ready(format!(
+        readiness.set_not_ready(format!(
             "webhook: listing {waiting} (rules in namespace {tenant_namespace}); tenant-governed requests are denied until then"
         ));
         tokio::select! {
-            _ = process.shutdown.cancelled() => return false,
+            _ = shutdown.cancelled() => return false,
             _ = tenants.wait_until_synced() => {}
             _ = tokio::time::sleep(Duration::from_secs(15)) => {
                 tracing::warn!(waited = ?started.elapsed(), %waiting, namespace = %tenant_namespace, "still listing tenant rules; the webhook is not ready and denies tenant-governed requests (check its permission to list and watch namespaces and ConfigMaps there)");
