@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, HTTPGetAction, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
-    ServiceAccount,
+    Capabilities, Container, ContainerPort, HTTPGetAction, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext, ServiceAccount,
 };
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -149,6 +149,18 @@ pub fn deployment(image: &str) -> Deployment {
                 }),
                 spec: Some(PodSpec {
                     service_account_name: Some(AGENT_NAME.into()),
+                    // The `restricted` Pod Security level, as the chart's hub: the image's
+                    // nonroot user, no privilege, the runtime's seccomp profile.
+                    security_context: Some(PodSecurityContext {
+                        run_as_non_root: Some(true),
+                        run_as_user: Some(65532),
+                        run_as_group: Some(65532),
+                        seccomp_profile: Some(SeccompProfile {
+                            type_: "RuntimeDefault".into(),
+                            localhost_profile: None,
+                        }),
+                        ..Default::default()
+                    }),
                     containers: vec![Container {
                         name: "agent".into(),
                         image: Some(image.into()),
@@ -169,6 +181,20 @@ pub fn deployment(image: &str) -> Deployment {
                         }]),
                         readiness_probe: Some(probe("/readyz")),
                         liveness_probe: Some(probe("/healthz")),
+                        security_context: Some(SecurityContext {
+                            allow_privilege_escalation: Some(false),
+                            read_only_root_filesystem: Some(true),
+                            run_as_non_root: Some(true),
+                            capabilities: Some(Capabilities {
+                                drop: Some(vec!["ALL".into()]),
+                                add: None,
+                            }),
+                            seccomp_profile: Some(SeccompProfile {
+                                type_: "RuntimeDefault".into(),
+                                localhost_profile: None,
+                            }),
+                            ..Default::default()
+                        }),
                         resources: Some(ResourceRequirements {
                             requests: Some(BTreeMap::from([
                                 ("cpu".to_string(), Quantity("50m".into())),
@@ -262,5 +288,25 @@ mod tests {
             "database pods get `bulkhead instance` from the agent's own image"
         );
         assert!(container.readiness_probe.is_some() && container.liveness_probe.is_some());
+        // What the `restricted` Pod Security level asks of a pod (a namespace enforcing it
+        // admits the agent).
+        let pod_security = pod.security_context.as_ref().unwrap();
+        let container_security = container.security_context.as_ref().unwrap();
+        assert_eq!(pod_security.run_as_non_root, Some(true));
+        assert_eq!(
+            pod_security
+                .seccomp_profile
+                .as_ref()
+                .map(|p| p.type_.as_str()),
+            Some("RuntimeDefault")
+        );
+        assert_eq!(container_security.allow_privilege_escalation, Some(false));
+        assert_eq!(
+            container_security
+                .capabilities
+                .as_ref()
+                .and_then(|c| c.drop.clone()),
+            Some(vec!["ALL".to_string()])
+        );
     }
 }

@@ -766,6 +766,14 @@ fn note_workload(
     let mut unfollowed = vec![];
     for (references, clusters) in workload.iter() {
         for reference in references {
+            if follow::key_of(&context.kinds, reference)
+                .is_some_and(|k| is_service_account_token(context, &k))
+            {
+                unfollowed.push(format!(
+                    "its dependency {reference} is a service account token, valid only for the ServiceAccount it was issued for in this cluster: it is not copied to members (make one in each member)"
+                ));
+                continue;
+            }
             if let Some(refusal) = refusals.iter().find(|r| {
                 r.kind.api_version == reference.api_version && r.kind.kind == reference.kind
             }) {
@@ -830,6 +838,22 @@ fn note_references(context: &Context, key: &ObjectKey, template: &DynamicObject,
     }
 }
 
+/// Whether the template `key` is a Secret of type `kubernetes.io/service-account-token`:
+/// a credential of a ServiceAccount in the hub, never followed to members.
+fn is_service_account_token(context: &Context, key: &ObjectKey) -> bool {
+    let Some((resource, _)) = context.kinds.get(key.kind) else {
+        return false;
+    };
+    if !(resource.group.is_empty() && resource.kind == "Secret") {
+        return false;
+    }
+    context.bodies.get(key).is_some_and(|body| {
+        serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .is_some_and(|b| b["type"] == "kubernetes.io/service-account-token")
+    })
+}
+
 /// Whether a binding was made for a dependency following its workloads.
 fn is_following(binding: &ResourceBinding) -> bool {
     binding
@@ -859,6 +883,10 @@ fn following(
         (clusters, dependents, follow.cycle_of(&context.kinds, key))
     };
     if dependents.is_empty() && !existing.is_some_and(is_following) {
+        return None;
+    }
+    // A service account token never follows (the workloads' bindings say why).
+    if existing.is_none() && is_service_account_token(context, key) {
         return None;
     }
     let object = follow::object_ref(&context.kinds, key)?;
