@@ -92,8 +92,9 @@ pub struct JoinOptions {
     /// Image for the agent Deployment.
     #[arg(long, default_value = super::agent_install::DEFAULT_AGENT_IMAGE)]
     pub agent_image: String,
-    /// Accept a member kubeconfig that sets `insecure-skip-tls-verify: true`. Without this
-    /// flag `join` refuses it: the hub's member token would go to an unverified server.
+    /// Accept a member kubeconfig that sets `insecure-skip-tls-verify: true` or a plain
+    /// `http://` server. Without this flag `join` refuses it: the hub's member token would
+    /// go to an unverified server, or travel unencrypted.
     /// With it, the MemberCluster records the choice (`spec.insecureSkipTLSVerify`), shown
     /// by `bulkhead get clusters` and the `TLSVerified=False` condition.
     #[arg(long)]
@@ -680,6 +681,15 @@ pub async fn join(options: &JoinOptions) -> Result<()> {
     hub_cluster_role_with(&options.federate)?;
     let name = &options.name;
     let endpoint = member_endpoint(&options.kubeconfig, options.context.as_deref())?;
+    if crate::hub::membership::credentials::is_plain_http(&endpoint.server)
+        && !options.insecure_skip_tls_verify
+    {
+        bail!(
+            "{} points member {name} at {} over plain HTTP: the hub's token would travel unencrypted; use the member's https:// address, or pass --insecure-skip-tls-verify to accept it (recorded on the MemberCluster); nothing was changed",
+            options.kubeconfig.display(),
+            endpoint.server
+        );
+    }
     if endpoint.insecure_skip_tls_verify && !options.insecure_skip_tls_verify {
         bail!(
             "{} sets insecure-skip-tls-verify for member {name}: the hub's token would go to an unverified server; add the member's CA (certificate-authority-data) to the kubeconfig, or pass --insecure-skip-tls-verify to accept it (recorded on the MemberCluster); nothing was changed",
@@ -828,7 +838,9 @@ pub async fn join(options: &JoinOptions) -> Result<()> {
                 failure_threshold: options.failure_threshold,
                 success_threshold: options.success_threshold,
             },
-            insecure_skip_tls_verify: endpoint.insecure_skip_tls_verify,
+            // Plain HTTP skips TLS altogether: the same consent, recorded alike.
+            insecure_skip_tls_verify: endpoint.insecure_skip_tls_verify
+                || crate::hub::membership::credentials::is_plain_http(&endpoint.server),
         },
     );
     cluster.metadata.labels = Some(BTreeMap::from([

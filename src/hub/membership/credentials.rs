@@ -59,6 +59,12 @@ pub fn check_inline(kubeconfig: &Kubeconfig, allow_insecure: bool) -> Result<(),
                 named.name
             ));
         }
+        if cluster.server.as_deref().is_some_and(is_plain_http) && !allow_insecure {
+            return Err(format!(
+                "clusters[{}].cluster.server is plain http://: the hub's token would travel unencrypted; use the member's https:// address with certificate-authority-data, or set spec.insecureSkipTLSVerify: true on the MemberCluster (bulkhead join --insecure-skip-tls-verify) to accept that",
+                named.name
+            ));
+        }
         if cluster.insecure_skip_tls_verify == Some(true) && !allow_insecure {
             return Err(format!(
                 "clusters[{}].cluster.insecure-skip-tls-verify is true: the hub would send its token to an unverified server; put the member's CA in certificate-authority-data, or set spec.insecureSkipTLSVerify: true on the MemberCluster (bulkhead join --insecure-skip-tls-verify) to accept that",
@@ -67,6 +73,13 @@ pub fn check_inline(kubeconfig: &Kubeconfig, allow_insecure: bool) -> Result<(),
         }
     }
     Ok(())
+}
+
+/// Whether a server address is plain HTTP (no TLS at all).
+pub fn is_plain_http(server: &str) -> bool {
+    server
+        .get(..7)
+        .is_some_and(|scheme| scheme.eq_ignore_ascii_case("http://"))
 }
 
 #[cfg(test)]
@@ -138,5 +151,16 @@ mod tests {
         assert!(error.contains("insecure-skip-tls-verify"), "{error}");
         assert!(error.contains("spec.insecureSkipTLSVerify"), "{error}");
         assert_eq!(check_inline(&insecure, true), Ok(()));
+        // Plain HTTP is no TLS at all: the same consent.
+        let plain = Kubeconfig::from_yaml(
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\ncontexts: [{name: c, context: {cluster: m, user: u}}]\nclusters: [{name: m, cluster: {server: 'HTTP://10.0.0.1:8080'}}]\nusers: [{name: u, user: {token: abc}}]\n",
+        )
+        .unwrap();
+        let error = check_inline(&plain, false).unwrap_err();
+        assert!(
+            error.contains("clusters[m].cluster.server is plain http://"),
+            "{error}"
+        );
+        assert_eq!(check_inline(&plain, true), Ok(()));
     }
 }
