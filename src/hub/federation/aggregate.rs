@@ -41,8 +41,14 @@ pub struct CopyObservation {
     pub override_failed: bool,
 }
 
+/// A count a member reports, as the hub trusts it: 0 when absent, negative or not an
+/// integer, at most `i32::MAX` (a member's status is the member's to write, and a hostile
+/// or broken one must not wrap a sum or panic the hub).
 fn int(status: &Option<Value>, field: &str) -> i32 {
-    status.as_ref().and_then(|s| s[field].as_i64()).unwrap_or(0) as i32
+    status
+        .as_ref()
+        .and_then(|s| s[field].as_i64())
+        .map_or(0, crate::hub::federation::propagation::count)
 }
 
 /// Ready replicas that count: none from an unreachable cluster.
@@ -67,11 +73,14 @@ pub struct DeploymentSums {
 pub fn deployment_sums(observations: &[CopyObservation]) -> DeploymentSums {
     let mut sums = DeploymentSums::default();
     for observation in observations {
-        sums.replicas += int(&observation.status, "replicas");
+        let add = |sum: &mut i32, field: &str| {
+            *sum = sum.saturating_add(int(&observation.status, field));
+        };
+        add(&mut sums.replicas, "replicas");
         if observation.reachable {
-            sums.ready_replicas += int(&observation.status, "readyReplicas");
-            sums.available_replicas += int(&observation.status, "availableReplicas");
-            sums.updated_replicas += int(&observation.status, "updatedReplicas");
+            add(&mut sums.ready_replicas, "readyReplicas");
+            add(&mut sums.available_replicas, "availableReplicas");
+            add(&mut sums.updated_replicas, "updatedReplicas");
         }
     }
     sums
@@ -438,8 +447,11 @@ pub fn mydatabase_status(
     let replicas: i32 = observations
         .iter()
         .map(|o| int(&o.status, "replicas"))
-        .sum();
-    let ready_total: i32 = clusters.iter().map(|c| c.ready_replicas).sum();
+        .fold(0, i32::saturating_add);
+    let ready_total: i32 = clusters
+        .iter()
+        .map(|c| c.ready_replicas)
+        .fold(0, i32::saturating_add);
     let mut conditions = previous.map(|p| p.conditions.clone()).unwrap_or_default();
     template_conditions(
         &mut conditions,
@@ -565,6 +577,25 @@ mod tests {
                 ready_replicas: 4,
                 available_replicas: 4,
                 updated_replicas: 4
+            }
+        );
+    }
+
+    #[test]
+    fn hostile_counts_neither_wrap_nor_panic() {
+        let huge = json!({"replicas": i64::MAX, "readyReplicas": 4_000_000_000_i64,
+                          "availableReplicas": -7, "updatedReplicas": "many"});
+        let observations = [
+            copy("east", 1, huge.clone(), true),
+            copy("west", 1, huge, true),
+        ];
+        assert_eq!(
+            deployment_sums(&observations),
+            DeploymentSums {
+                replicas: i32::MAX,
+                ready_replicas: i32::MAX,
+                available_replicas: 0,
+                updated_replicas: 0
             }
         );
     }

@@ -147,14 +147,22 @@ pub struct Plan {
     pub deferred: Vec<String>,
 }
 
+/// A count from a member's copy, clamped to `0..=i32::MAX` (never truncated: a value
+/// past `i32` must not read as a small one).
+pub(crate) fn count(value: i64) -> i32 {
+    value.clamp(0, i64::from(i32::MAX)) as i32
+}
+
 /// `spec.replicas` of a copy.
 pub fn copy_replicas(copy: &DynamicObject) -> Option<i32> {
-    copy.data["spec"]["replicas"].as_i64().map(|r| r as i32)
+    copy.data["spec"]["replicas"].as_i64().map(count)
 }
 
 /// Ready replicas a copy reports.
 pub fn copy_ready(copy: &DynamicObject) -> i32 {
-    copy.data["status"]["readyReplicas"].as_i64().unwrap_or(0) as i32
+    copy.data["status"]["readyReplicas"]
+        .as_i64()
+        .map_or(0, count)
 }
 
 /// Whether the member copy already holds what the hub would apply: the copy's
