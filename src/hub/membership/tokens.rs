@@ -217,7 +217,17 @@ async fn renew(
     let text = with_token(&connection.kubeconfig, &token)
         .ok_or("the stored kubeconfig has no token to replace")?;
     let secret_ref = &member.spec.secret_ref;
-    let patch = serde_json::json!({"data": {KUBECONFIG_KEY: base64::engine::general_purpose::STANDARD.encode(text)}});
+    // Only over the Secret the clients were built from: if someone wrote it since (a new
+    // `bulkhead join`), the write fails (409) and the new kubeconfig stays; the registry
+    // builds clients from it and the next check renews that one's token if need be.
+    let mut patch = serde_json::json!({"data": {KUBECONFIG_KEY: base64::engine::general_purpose::STANDARD.encode(text)}});
+    let mut version = connection.secret_version.split('/');
+    if let (Some(uid), Some(resource_version)) = (version.next(), version.next())
+        && !uid.is_empty()
+        && !resource_version.is_empty()
+    {
+        patch["metadata"] = serde_json::json!({"uid": uid, "resourceVersion": resource_version});
+    }
     Api::<Secret>::namespaced(context.hub.clone(), &secret_ref.namespace)
         .patch(
             &secret_ref.name,
