@@ -86,9 +86,11 @@ bench:
 
 ## bench-lab: the propagation budgets (DESIGN.md section 9, issue 14) measured on the lab with a
 ## release hub: a burst of 500 Deployments (6 replicas, weights 3:2:1, 4 create clients), 100
-## replica changes, then 5,000 templates for the cold start and 10,000 for memory. Prints the
+## replica changes, then 5,000 templates for the cold start and 10,000 for memory; then a flood
+## of the hub's webhook (2,000 slow connections, 4 MiB reviews). Prints the
 ## numbers as Markdown rows; see docs/benchmarks.md (sizes: BULKHEAD_BENCH_TEMPLATES,
 ## BULKHEAD_BENCH_COLD_TEMPLATES, BULKHEAD_BENCH_MEMORY_TEMPLATES, BULKHEAD_BENCH_MEMORY_REPLICAS)
 bench-lab: lab-binaries
 	$(CARGO) build --release -p bulkhead --bin bulkhead
 	BULKHEAD_BIN=$${CARGO_TARGET_DIR:-$(CURDIR)/target}/release/bulkhead e2e/run-e2e.sh --test scale --ignored bench_ --nocapture
+	BULKHEAD_BIN=$${CARGO_TARGET_DIR:-$(CURDIR)/target}/release/bulkhead e2e/run-e2e.sh --test flood --ignored bench_ --nocapture
