@@ -84,7 +84,7 @@ fn typed<T: DeserializeOwned>(object: &Value, what: &str) -> Result<T, String> {
 /// The kinds tenant rules govern (in a namespace): their requests wait for the tenant
 /// rules to be synced and may not claim another tenant.
 fn tenant_governed(kind: &str) -> bool {
-    matches!(kind, "MyDatabase" | "PropagationPolicy")
+    matches!(kind, "MyDatabase" | "PropagationPolicy" | "OverridePolicy")
 }
 
 /// Answers one admission request, returning the response and what it was.
@@ -186,12 +186,17 @@ pub fn review(
             };
             spec.and_then(|spec| {
                 let known = state.known_clusters.as_ref().map(|k| k.load_full());
-                let problems = validate::override_policy(
+                let mut problems = validate::override_policy(
                     &described,
                     &spec,
                     namespaced,
                     known.as_deref().map(Vec::as_slice),
                 );
+                if let Some((tenant, rules)) = tenant_ref {
+                    problems.extend(validate::override_within_tenant_rules(
+                        &described, &spec, tenant, rules,
+                    ));
+                }
                 if problems.is_empty() {
                     Ok(vec![])
                 } else {
@@ -276,7 +281,7 @@ mod tests {
     }
 
     /// Synced: namespace shop belongs to team-a (maxReplicas 3, allowed clusters east and
-    /// west); team-b, which owns no namespace here, may have 9.
+    /// west, version 16 only); team-b, which owns no namespace here, may have 9.
     fn tenant_state() -> AdmissionState {
         let state = state();
         state
@@ -290,7 +295,10 @@ mod tests {
         let (rules, _) = super::super::tenants::next_rules(
             &Default::default(),
             &[
-                source("team-a", "maxReplicas: 3\nallowedClusters: [east, west]"),
+                source(
+                    "team-a",
+                    "maxReplicas: 3\nallowedClusters: [east, west]\nallowedVersions: [\"16\"]",
+                ),
                 source("team-b", "maxReplicas: 9"),
             ],
         );
@@ -395,6 +403,81 @@ mod tests {
             override_policy(kind, overriders),
         );
         answer(Hook::Validate, &body, &state())
+    }
+
+    #[test]
+    fn a_tenants_override_cannot_take_its_databases_past_its_rules() {
+        let database_override = |patches: Value| {
+            serde_json::json!({
+                "apiVersion": "federation.example.com/v1alpha1", "kind": "OverridePolicy",
+                "metadata": {"name": "db-east", "namespace": "shop"},
+                "spec": {"resourceSelectors": [{"apiVersion": "example.com/v1", "kind": "MyDatabase"}],
+                         "overrideRules": [{"overriders": {"plaintext": patches}}]}
+            })
+        };
+        let verdict = |object: Value| {
+            let body = request(
+                "OverridePolicy",
+                "federation.example.com",
+                "v1alpha1",
+                object,
+            );
+            answer(Hook::Validate, &body, &tenant_state())
+        };
+        // team-a allows version 16 only: no override of a copy's version or image, nor of
+        // their parents (a copy's replicas are the hub's anyway).
+        for (path, rule) in [
+            ("/spec/version", "allowedVersions"),
+            ("/spec/image", "allowedVersions"),
+            ("/spec", "allowedVersions"),
+            ("", "allowedVersions"),
+        ] {
+            let (response, outcome) = verdict(database_override(
+                serde_json::json!([{"op": "replace", "path": path, "value": "17"}]),
+            ));
+            assert_eq!(outcome, Outcome::Denied, "{path:?}");
+            assert!(
+                response
+                    .result
+                    .message
+                    .contains(&format!("team-a's {rule} limits")),
+                "{path:?}: {}",
+                response.result.message
+            );
+        }
+        let (response, _) = verdict(database_override(serde_json::json!([
+            {"op": "move", "from": "/spec/version", "path": "/metadata/annotations/v"}
+        ])));
+        assert!(
+            response.result.message.contains("plaintext[0].from"),
+            "{}",
+            response.result.message
+        );
+        let mut images = database_override(serde_json::json!([]));
+        images["spec"]["overrideRules"][0]["overriders"] = serde_json::json!(
+            {"imageOverrider": [{"component": "Tag", "operator": "replace", "value": "17"}]}
+        );
+        let (response, outcome) = verdict(images);
+        assert_eq!(outcome, Outcome::Denied);
+        assert!(
+            response.result.message.contains("imageOverrider"),
+            "{}",
+            response.result.message
+        );
+        // What the rules do not limit stays the tenant's to change.
+        let (response, outcome) = verdict(database_override(serde_json::json!([
+            {"op": "replace", "path": "/spec/storage/size", "value": "20Gi"},
+            {"op": "add", "path": "/spec/versionNote", "value": "x"}
+        ])));
+        assert_eq!(outcome, Outcome::Allowed, "{}", response.result.message);
+        // A Deployment's replicas are not a MyDatabase's.
+        let mut deployments = database_override(serde_json::json!([
+            {"op": "replace", "path": "/spec/minReadySeconds", "value": 9}
+        ]));
+        deployments["spec"]["resourceSelectors"] =
+            serde_json::json!([{"apiVersion": "apps/v1", "kind": "Deployment"}]);
+        let (response, outcome) = verdict(deployments);
+        assert_eq!(outcome, Outcome::Allowed, "{}", response.result.message);
     }
 
     #[test]

@@ -474,6 +474,71 @@ fn selector_problems(
     problems
 }
 
+/// Whether JSON pointer `pointer` is `field`, inside it, or one of its parents (a patch
+/// there changes `field`).
+fn touches(pointer: &str, field: &str) -> bool {
+    let within = |outer: &str, inner: &str| {
+        inner == outer
+            || (inner.starts_with(outer) && inner.as_bytes().get(outer.len()) == Some(&b'/'))
+    };
+    pointer.is_empty() || within(pointer, field) || within(field, pointer)
+}
+
+/// What a tenant's OverridePolicy may not change in the tenant's MyDatabase copies: the
+/// fields its rules limit (`allowedVersions`: `spec.version` and `spec.image`;
+/// `maxReplicas`: `spec.replicas`). The template's own admission checked them, and an
+/// override would take the copies past the rules where nobody checks again.
+pub fn override_within_tenant_rules(
+    object: &str,
+    spec: &OverrideSpec,
+    tenant: &str,
+    rules: &TenantRules,
+) -> Vec<String> {
+    let mut limited: Vec<(&str, &str)> = vec![];
+    if !rules.allowed_versions.is_empty() {
+        limited.push(("/spec/version", "allowedVersions"));
+        limited.push(("/spec/image", "allowedVersions"));
+    }
+    if rules.max_replicas.is_some() {
+        limited.push(("/spec/replicas", "maxReplicas"));
+    }
+    let databases = spec
+        .resource_selectors
+        .iter()
+        .any(|s| s.kind == "MyDatabase");
+    if limited.is_empty() || !databases {
+        return vec![];
+    }
+    let mut problems = vec![];
+    for (r, rule) in spec.override_rules.iter().enumerate() {
+        let base = format!("spec.overrideRules[{r}].overriders");
+        for (p, patch) in rule.overriders.plaintext.iter().enumerate() {
+            // `move` takes its value away from `from`; every op writes at `path`.
+            let mut pointers = vec![("path", patch.path.as_str())];
+            if patch.op == crate::api::override_policy::PatchOp::Move
+                && let Some(from) = patch.from.as_deref()
+            {
+                pointers.push(("from", from));
+            }
+            for (field, pointer) in pointers {
+                if let Some((limited_field, rule_name)) =
+                    limited.iter().find(|(f, _)| touches(pointer, f))
+                {
+                    problems.push(format!(
+                        "{object}: {base}.plaintext[{p}].{field} {pointer:?} would change {limited_field} of MyDatabase copies, which tenant {tenant}'s {rule_name} limits: change the MyDatabase itself (its admission checks the rule) or ask the platform team for a ClusterOverridePolicy"
+                    ));
+                }
+            }
+        }
+        if !rule.overriders.image_overrider.is_empty() && !rules.allowed_versions.is_empty() {
+            problems.push(format!(
+                "{object}: {base}.imageOverrider would change the image of MyDatabase copies, which tenant {tenant}'s allowedVersions limits: select other kinds, or ask the platform team for a ClusterOverridePolicy"
+            ));
+        }
+    }
+    problems
+}
+
 /// OverridePolicy / ClusterOverridePolicy rules (docs/overrides.md): selectors as for a
 /// propagation policy, at least one rule with at least one overrider, and every
 /// overrider well-formed (the rules the hub applies again when it overrides a copy:
