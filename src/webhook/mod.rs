@@ -352,7 +352,9 @@ impl Server {
 const WEBHOOK_LIMITS: crate::server::ConnectionLimits = crate::server::ConnectionLimits {
     max_connections: 256,
     header_read_timeout: Duration::from_secs(10),
-    keep_alive_interval: Duration::from_secs(30),
+    // Under the idle timeout: an API server's idle HTTP/2 connection answers the pings
+    // and stays (until its maximum age), a silent client goes.
+    keep_alive_interval: Duration::from_secs(20),
     idle_timeout: Duration::from_secs(30),
     max_age: Duration::from_secs(600),
 };
