@@ -157,12 +157,19 @@ pub fn review(
             };
             spec.map_err(|e| vec![e]).and_then(|spec| {
                 let known = state.known_clusters.as_ref().map(|k| k.load_full());
-                let problems = validate::policy(
+                let mut problems = validate::policy(
                     &described,
                     &spec,
                     kind == "PropagationPolicy",
                     known.as_deref().map(Vec::as_slice),
                 );
+                if kind == "PropagationPolicy"
+                    && let Some((tenant, rules)) = tenant_ref
+                {
+                    problems.extend(validate::policy_within_tenant_rules(
+                        &described, &spec, tenant, rules,
+                    ));
+                }
                 if problems.is_empty() {
                     Ok(vec![])
                 } else {
@@ -403,6 +410,45 @@ mod tests {
             override_policy(kind, overriders),
         );
         answer(Hook::Validate, &body, &state())
+    }
+
+    #[test]
+    fn a_tenants_policy_is_checked_after_the_narrowing_too() {
+        let with_clusters = |clusters: Value| {
+            let mut object = policy("orders");
+            object["spec"]["placement"] =
+                serde_json::json!({"clusterAffinity": {"clusterNames": clusters}});
+            request(
+                "PropagationPolicy",
+                "federation.example.com",
+                "v1alpha1",
+                object,
+            )
+        };
+        // team-a may use east and west.
+        let (_, outcome) = answer(
+            Hook::Validate,
+            &with_clusters(serde_json::json!(["east"])),
+            &tenant_state(),
+        );
+        assert_eq!(outcome, Outcome::Allowed);
+        for (clusters, expected) in [
+            (
+                serde_json::json!(["east", "north"]),
+                "[\"north\"] are outside",
+            ),
+            (serde_json::json!([]), "is empty, which would reach past"),
+        ] {
+            let (response, outcome) =
+                answer(Hook::Validate, &with_clusters(clusters), &tenant_state());
+            assert_eq!(outcome, Outcome::Denied);
+            assert!(
+                response.result.message.contains(expected)
+                    && response.result.message.contains("allowedClusters"),
+                "{}",
+                response.result.message
+            );
+        }
     }
 
     #[test]

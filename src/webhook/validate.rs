@@ -474,6 +474,50 @@ fn selector_problems(
     problems
 }
 
+/// A tenant's PropagationPolicy as it is stored: its clusterAffinity within the tenant's
+/// `allowedClusters` and `allowedZones`. The mutating webhook narrows it; this checks the
+/// result, so a policy that reached storage past the mutation (its configuration
+/// missing, another mutating webhook after it) is refused all the same.
+pub fn policy_within_tenant_rules(
+    object: &str,
+    spec: &crate::api::PropagationSpec,
+    tenant: &str,
+    rules: &TenantRules,
+) -> Vec<String> {
+    let affinity = spec.placement.cluster_affinity.clone().unwrap_or_default();
+    let mut problems = vec![];
+    for (field, asked, allowed, rule) in [
+        (
+            "clusterNames",
+            &affinity.cluster_names,
+            &rules.allowed_clusters,
+            "allowedClusters",
+        ),
+        (
+            "zones",
+            &affinity.zones,
+            &rules.allowed_zones,
+            "allowedZones",
+        ),
+    ] {
+        if allowed.is_empty() {
+            continue;
+        }
+        let outside: Vec<&String> = asked.iter().filter(|a| !allowed.contains(a)).collect();
+        if asked.is_empty() || !outside.is_empty() {
+            problems.push(format!(
+                "{object}: spec.placement.clusterAffinity.{field} {} tenant {tenant}'s rule {rule} {allowed:?}; name only allowed ones (the mutating webhook narrows a policy to them: is its configuration installed?)",
+                if asked.is_empty() {
+                    "is empty, which would reach past".to_string()
+                } else {
+                    format!("{outside:?} are outside")
+                }
+            ));
+        }
+    }
+    problems
+}
+
 /// Whether JSON pointer `pointer` is `field`, inside it, or one of its parents (a patch
 /// there changes `field`).
 fn touches(pointer: &str, field: &str) -> bool {
