@@ -81,6 +81,12 @@ pub struct HubOptions {
     /// deletes it and adds every finalizer itself. Needs Kubernetes 1.36 or later.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub finalizer_admission_policy: bool,
+    /// A namespace whose objects are never propagated, besides `bulkhead-system` and
+    /// `kube-*` (repeatable): a name, or a prefix ending in `*`. For namespaces a tenant
+    /// could create on the hub to reach same-named ones in the members (`default`,
+    /// `cert-manager`, ...). Copies already in members are left alone.
+    #[arg(long = "exclude-namespace")]
+    pub exclude_namespaces: Vec<String>,
     /// Also serve the admission webhook in this process and install the hub-side webhook
     /// configurations into the hub (the webhook flags below apply; see docs/admission.md).
     #[arg(long)]
@@ -164,6 +170,12 @@ impl Default for HubState {
 
 /// Runs the hub until SIGTERM.
 pub async fn run(options: HubOptions) -> Result<()> {
+    crate::hub::federation::scheduler::exclude_namespaces(&options.exclude_namespaces).map_err(
+        |reason| crate::Error::InvalidOption {
+            option: "--exclude-namespace".into(),
+            reason,
+        },
+    )?;
     if !(0.0..=1.0).contains(&options.token_renew_fraction) {
         return Err(crate::Error::InvalidOption {
             option: "--token-renew-fraction".into(),

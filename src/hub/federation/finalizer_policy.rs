@@ -225,10 +225,19 @@ pub fn desired_policy(
             ..Default::default()
         })
         .collect();
-    let excluded = format!(
+    let mut excluded = format!(
         "request.namespace != {} && !request.namespace.startsWith(\"kube-\")",
         literal(SYSTEM_NAMESPACE)
     );
+    for entry in crate::hub::federation::scheduler::excluded_namespaces() {
+        match entry.strip_suffix('*') {
+            Some(prefix) => excluded.push_str(&format!(
+                " && !request.namespace.startsWith({})",
+                literal(prefix)
+            )),
+            None => excluded.push_str(&format!(" && request.namespace != {}", literal(entry))),
+        }
+    }
     let mut policy = MutatingAdmissionPolicy {
         metadata: metadata(),
         spec: Some(MutatingAdmissionPolicySpec {

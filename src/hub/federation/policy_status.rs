@@ -289,7 +289,7 @@ fn selector_hint(
         && is_excluded_namespace(ns)
     {
         return format!(
-            "namespace {ns} is never federated (bulkhead-system and kube-* hold the system and the members' credentials); put the templates in another namespace"
+            "namespace {ns} is never federated (bulkhead-system and kube-* hold the system and the members' credentials, and the hub's --exclude-namespace list names the others); put the templates in another namespace"
         );
     }
     if counts.in_scope == 0 {

@@ -31,9 +31,50 @@ use crate::hub::federation::placement::{
 /// Field manager of the hub's scheduler.
 pub const FIELD_MANAGER: &str = "bulkhead-hub-scheduler";
 
-/// Namespaces whose objects are never templates.
+/// The namespaces the operator excludes from propagation (`bulkhead hub
+/// --exclude-namespace`), set once at start: names, or prefixes ending in `*`.
+static EXCLUDED_NAMESPACES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+
+/// Checks and sets the operator's excluded namespaces (once, at start). The error names
+/// the entry and the fix.
+pub fn exclude_namespaces(entries: &[String]) -> Result<(), String> {
+    for entry in entries {
+        let name = entry.strip_suffix('*').unwrap_or(entry);
+        let valid = !name.is_empty()
+            && name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+        if !valid {
+            return Err(format!(
+                "--exclude-namespace {entry:?}: give a namespace name, or a prefix ending in * (for example cert-manager or team-*)"
+            ));
+        }
+    }
+    let _ = EXCLUDED_NAMESPACES.set(entries.to_vec());
+    Ok(())
+}
+
+/// The operator's excluded namespaces (names, or prefixes ending in `*`).
+pub fn excluded_namespaces() -> &'static [String] {
+    EXCLUDED_NAMESPACES.get().map(Vec::as_slice).unwrap_or(&[])
+}
+
+/// Namespaces whose objects are never templates: Bulkhead's own, `kube-*`, and the
+/// operator's `--exclude-namespace` list. A template there is left alone, and so are
+/// copies it has in members already (nothing is deleted because a namespace was
+/// excluded later).
 pub fn is_excluded_namespace(namespace: &str) -> bool {
-    namespace == SYSTEM_NAMESPACE || namespace.starts_with("kube-")
+    excluded_by(namespace, excluded_namespaces())
+}
+
+/// [`is_excluded_namespace`] with the operator's list given.
+fn excluded_by(namespace: &str, entries: &[String]) -> bool {
+    namespace == SYSTEM_NAMESPACE
+        || namespace.starts_with("kube-")
+        || entries.iter().any(|entry| match entry.strip_suffix('*') {
+            Some(prefix) => namespace.starts_with(prefix),
+            None => namespace == entry,
+        })
 }
 
 /// The binding's name for a template: `<name>-<kind>`.
@@ -545,6 +586,13 @@ mod tests {
     fn system_namespaces_are_never_templates() {
         assert!(is_excluded_namespace("bulkhead-system") && is_excluded_namespace("kube-system"));
         assert!(!is_excluded_namespace("shop"));
+        // Checked before anything is set (the list itself is process-wide).
+        assert!(exclude_namespaces(&["Default".into()]).is_err());
+        assert!(exclude_namespaces(&["*".into()]).is_err());
+        let operator = ["cert-manager".to_string(), "team-*".to_string()];
+        assert!(excluded_by("cert-manager", &operator) && excluded_by("team-a", &operator));
+        assert!(excluded_by("kube-public", &operator));
+        assert!(!excluded_by("cert-manager-2", &operator) && !excluded_by("shop", &operator));
     }
 
     #[test]
