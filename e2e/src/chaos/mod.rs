@@ -317,7 +317,6 @@ async fn drive(
 
     // The audit check.
     let entries = timeline.entries();
-    let faults = FaultWindows::from_timeline(&entries);
     let mut user_deletions: BTreeMap<TemplateRef, jiff::Timestamp> = BTreeMap::new();
     for entry in &entries {
         if let Event::TemplateDeleted { kind, name } = &entry.event {
@@ -344,6 +343,28 @@ async fn drive(
         records.extend(member_records);
         unreadable += member_unreadable;
     }
+    // The hub's fencing-lease renewals each member answered: an API server restart is
+    // over, for the rule, at the first one after it went down.
+    let mut renewals: BTreeMap<String, Vec<jiff::Timestamp>> = BTreeMap::new();
+    for record in &records {
+        let event = &record.event;
+        if event.acting_user() == HUB_USER_IN_MEMBERS
+            && event.succeeded()
+            && event
+                .object_ref
+                .as_ref()
+                .is_some_and(|o| o.resource == "leases")
+        {
+            renewals
+                .entry(record.cluster.clone())
+                .or_default()
+                .push(event.request_received_timestamp);
+        }
+    }
+    for times in renewals.values_mut() {
+        times.sort();
+    }
+    let faults = FaultWindows::from_timeline_and_renewals(&entries, &renewals);
     let rule_settings = RuleSettings {
         hub_user: HUB_USER_IN_MEMBERS.to_string(),
         editor_user: crate::lab::MEMBER_EDITOR_USER.to_string(),

@@ -91,6 +91,43 @@ pub struct FaultWindows {
 }
 
 impl FaultWindows {
+    /// The windows the timeline's network and API server events describe, where an API
+    /// server restart ends at the first of the hub's fencing-lease renewals that member
+    /// answered after it went down (`renewals`, from its audit log), if that came before
+    /// the nemesis saw the server ready (it looks every quarter second; the renewal is
+    /// the hub's own evidence that the member answers again).
+    pub fn from_timeline_and_renewals(
+        entries: &[Entry],
+        renewals: &BTreeMap<String, Vec<Timestamp>>,
+    ) -> Self {
+        let mut down_since: BTreeMap<String, Timestamp> = BTreeMap::new();
+        let adjusted: Vec<Entry> = entries
+            .iter()
+            .map(|entry| {
+                let mut entry = entry.clone();
+                match &entry.event {
+                    Event::ApiserverDown { member } => {
+                        down_since.insert(member.clone(), entry.at);
+                    }
+                    Event::ApiserverUp { member } => {
+                        if let Some(since) = down_since.remove(member)
+                            && let Some(first) = renewals
+                                .get(member)
+                                .into_iter()
+                                .flatten()
+                                .find(|at| **at > since && **at < entry.at)
+                        {
+                            entry.at = *first;
+                        }
+                    }
+                    _ => {}
+                }
+                entry
+            })
+            .collect();
+        Self::from_timeline(&adjusted)
+    }
+
     /// The windows the timeline's network and API server events describe.
     pub fn from_timeline(entries: &[Entry]) -> Self {
         let mut windows = FaultWindows::default();
@@ -384,8 +421,11 @@ pub fn check(
             "create" | "update" | "patch" => {
                 let replicas = event.requested_replicas();
                 let copy = (cluster.clone(), template.clone());
+                // 201: the request created the copy (the one before was deleted, perhaps by
+                // a person, and gone since): nothing held is lowered.
+                let created = event.code() == 201;
                 match (kind.is_stateful(), replicas, last_replicas.get(&copy)) {
-                    (true, Some(new), Some(&old)) if new < old => {
+                    (true, Some(new), Some(&old)) if new < old && !created => {
                         verdict.shrinks += 1;
                         let suspects = suspects(holding.get(&template));
                         if !suspects.is_empty() {
@@ -696,6 +736,40 @@ mod tests {
             (0, 0),
             "{verdict:?}"
         );
+    }
+
+    #[test]
+    fn creating_a_copy_again_lowers_nothing_whatever_it_held_before() {
+        // The copy went (its deletion finished without the hub or a person deleting it:
+        // a finalizer) and the hub created it again with its share.
+        let records = [
+            apply("east", 1.0, STS, "sts-1", 1),
+            apply("west", 1.0, STS, "sts-1", 3),
+            request("west", 12.0, "patch", STS, "sts-1", Some(1), 201),
+        ];
+        let verdict = run(&records, &east_cut(5.0, 30.0));
+        assert_eq!(verdict.violations.len(), 0, "{verdict:?}");
+    }
+
+    #[test]
+    fn an_api_server_restart_ends_at_the_hubs_first_renewal_it_answered() {
+        let entry = |seconds: f64, event: Event| Entry {
+            at: at(seconds),
+            since_start: None,
+            event,
+        };
+        let east = || "east".to_string();
+        let entries = [
+            entry(6.0, Event::ApiserverDown { member: east() }),
+            entry(12.0, Event::ApiserverUp { member: east() }),
+        ];
+        let renewals = BTreeMap::from([("east".to_string(), vec![at(5.0), at(10.5), at(11.5)])]);
+        let faults = FaultWindows::from_timeline_and_renewals(&entries, &renewals);
+        assert!(faults.window_at("east", at(10.0)).is_some());
+        assert!(faults.window_at("east", at(11.0)).is_none(), "{faults:?}");
+        // Without a renewal in between, the nemesis's time stands.
+        let faults = FaultWindows::from_timeline_and_renewals(&entries, &BTreeMap::new());
+        assert!(faults.window_at("east", at(11.9)).is_some());
     }
 
     #[test]

@@ -787,7 +787,17 @@ async fn execute(
             if let Err(held) = confirm_trusted(inner, guard).await {
                 return held;
             }
-            apply(inner, writer, key, &api, &resource, object).await
+            // A stateful copy is written only over the copy as it is now: the plan was
+            // made from the hub's cache, which may not have seen a change of the copy's
+            // replicas yet (a person's `kubectl scale` in the member, a watch that had
+            // not caught up after a partition). An apply that would lower what the copy
+            // holds now, and that the plan did not judge (and guard) as a shrink, is not
+            // sent: the copy as read goes back to the planner, which judges it again.
+            let object = match live_precondition(inner, key, &api, object, guard.is_empty()).await {
+                Ok(object) => object,
+                Err(outcome) => return outcome,
+            };
+            apply(inner, writer, key, &api, &resource, &object).await
         }
         CopyOp::Delete {
             uid,
@@ -800,6 +810,64 @@ async fn execute(
             delete(inner, cluster, key, &api, &resource, uid, *template_deleted).await
         }
     }
+}
+
+/// For a stateful divisible kind: reads the copy right before the apply. When the apply
+/// would lower its replicas and was not planned (and guarded) as a shrink (`unguarded`),
+/// nothing is sent and the copy as read is returned as fresh (the planner judges it
+/// again, under the partition rules); otherwise the apply carries the copy's
+/// resourceVersion, so a change between the read and the write fails it (409) instead
+/// of being overwritten. Other kinds, and copies that do not exist, are applied as they
+/// are.
+async fn live_precondition(
+    inner: &Inner,
+    key: &ObjectKey,
+    api: &Api<DynamicObject>,
+    object: &Value,
+    unguarded: bool,
+) -> Result<Value, (Outcome, Option<Fresh>, bool)> {
+    let Some((_, interpretation)) = inner.kinds.get(key.kind) else {
+        return Ok(object.clone());
+    };
+    if !(interpretation.stateful && interpretation.divisible()) {
+        return Ok(object.clone());
+    }
+    let live = match api.get_opt(&key.name).await {
+        Ok(Some(live)) => live,
+        Ok(None) => return Ok(object.clone()),
+        Err(error) => {
+            return Err((
+                Outcome::Failed(format!(
+                    "cannot read the copy before writing it: {}",
+                    short(&error)
+                )),
+                None,
+                true,
+            ));
+        }
+    };
+    let wanted = interpretation.replicas_of(object);
+    let now = interpretation.replicas_of(&live.data);
+    if unguarded
+        && let (Some(wanted), Some(now)) = (wanted, now)
+        && now > wanted
+    {
+        tracing::info!(namespace = %key.namespace, name = %key.name, now, wanted, "the copy holds more replicas than the plan saw; planning again");
+        let mut fresh = live;
+        crate::hub::federation::copy_cache::slim_copy(&mut fresh, interpretation);
+        return Err((
+            Outcome::Failed(format!(
+                "the copy holds {now} replicas now, more than the plan saw: planning again from the copy as it is"
+            )),
+            Some(Fresh::Object(Arc::new(fresh))),
+            true,
+        ));
+    }
+    let mut object = object.clone();
+    if let Some(version) = live.metadata.resource_version {
+        object["metadata"]["resourceVersion"] = Value::String(version);
+    }
+    Ok(object)
 }
 
 /// How often [`confirm_trusted`] looks again while a renewal may be on its way.
@@ -1231,6 +1299,21 @@ mod tests {
     fn writers_with_evidence(
         evidence: Evidence,
     ) -> (Writers, Handle, mpsc::UnboundedReceiver<Completed>) {
+        writers_of(
+            evidence,
+            ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+            "v1",
+            "ConfigMap",
+        )
+    }
+
+    /// The mock writers of one kind.
+    fn writers_of(
+        evidence: Evidence,
+        resource: ApiResource,
+        api_version: &str,
+        kind: &str,
+    ) -> (Writers, Handle, mpsc::UnboundedReceiver<Completed>) {
         let (service, handle) =
             tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
         let client = kube::Client::new(service, "default");
@@ -1260,8 +1343,8 @@ mod tests {
         )]));
         let (completed, receiver) = mpsc::unbounded_channel();
         let kinds: Kinds = Arc::from(vec![(
-            ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
-            crate::hub::federation::interpreter::Interpreters::built_in().get("v1", "ConfigMap"),
+            resource,
+            crate::hub::federation::interpreter::Interpreters::built_in().get(api_version, kind),
         )]);
         let writers = Writers::new(
             registry,
@@ -1313,6 +1396,68 @@ mod tests {
             resolution: ConflictResolution::Abort,
             guard: vec![],
         }
+    }
+
+    fn statefulset(replicas: i32, version: &str) -> Value {
+        json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
+               "metadata": {"name": "settings", "namespace": "shop", "uid": "u1", "resourceVersion": version,
+                            "labels": {LABEL_MANAGED_BY: MANAGED_BY}},
+               "spec": {"replicas": replicas}})
+    }
+
+    #[tokio::test]
+    async fn a_stateful_apply_is_judged_against_the_copy_as_it_is_right_before_the_write() {
+        let (writers, mut server, mut completed) = writers_of(
+            Evidence::default(),
+            ApiResource::erase::<k8s_openapi::api::apps::v1::StatefulSet>(&()),
+            "apps/v1",
+            "StatefulSet",
+        );
+        let op = |replicas: i32| CopyOp::Apply {
+            object: statefulset(replicas, "0"),
+            check_conflict: false,
+            resolution: ConflictResolution::Abort,
+            guard: vec![],
+        };
+        // The plan saw 1 and applies 1; someone scaled the copy to 2 since: not sent.
+        assert!(writers.want("east", &key(), op(1), REWRITE));
+        let (request, reply) = server.next_request().await.unwrap();
+        assert_eq!(
+            (request.method(), request.uri().path()),
+            (
+                &http::Method::GET,
+                "/apis/apps/v1/namespaces/shop/statefulsets/settings"
+            )
+        );
+        respond(reply, 200, statefulset(2, "7"));
+        let done = completed.recv().await.unwrap();
+        assert!(
+            matches!(&done.outcome, Outcome::Failed(m) if m.contains("holds 2 replicas now")),
+            "{:?}",
+            done.outcome
+        );
+        assert!(nothing_sent(&mut server).await, "no PATCH");
+        // The copy as read is what the planner sees next.
+        let fresh = writers.fresh("east", &key(), None).unwrap();
+        assert_eq!(fresh.metadata.resource_version.as_deref(), Some("7"));
+        // An apply that lowers nothing goes out, over the version it was judged against.
+        assert!(writers.want("east", &key(), op(3), REWRITE));
+        let (request, reply) = server.next_request().await.unwrap();
+        assert_eq!(request.method(), http::Method::GET);
+        respond(reply, 200, statefulset(2, "8"));
+        let (request, reply) = server.next_request().await.unwrap();
+        assert_eq!(request.method(), http::Method::PATCH);
+        let body: Value = serde_json::from_slice(
+            &http_body_util::BodyExt::collect(request.into_body())
+                .await
+                .unwrap()
+                .to_bytes(),
+        )
+        .unwrap();
+        assert_eq!(body["metadata"]["resourceVersion"], "8");
+        assert_eq!(body["spec"]["replicas"], 3);
+        respond(reply, 200, statefulset(3, "9"));
+        assert_eq!(completed.recv().await.unwrap().outcome, Outcome::Done);
     }
 
     #[tokio::test]
