@@ -511,7 +511,12 @@ fn plan_cleanup(input: &PlanInput<'_>, plan: &mut Plan) {
             }
         } else {
             let placed = input.targets.iter().any(|t| t.name == member.cluster);
-            if member.copy.is_some() || placed || recorded {
+            // Copies never listed (this term's watch has not listed the cluster yet) may
+            // hold one the hub does not know of: a template deleted before its binding
+            // was written (a new one whose copies had not converged) names no cluster,
+            // and a previous leader may have applied its copies anywhere.
+            let unknown = !member.synced;
+            if member.copy.is_some() || placed || recorded || unknown {
                 plan.notes.insert(
                     cluster.clone(),
                     "template deleted; the copy is deleted once the cluster is reachable".into(),
@@ -1424,6 +1429,31 @@ mod tests {
         done.deleting = true;
         let plan_done = plan(&done);
         assert!(plan_done.cleanup_done && plan_done.deletes.is_empty());
+    }
+
+    #[test]
+    fn a_template_deleted_before_its_binding_waits_for_clusters_never_listed() {
+        // No binding yet (a new stateless template's is written once its copies
+        // converge): no target, no recorded cleanup. A cluster this term has not listed
+        // may hold a copy a previous leader applied.
+        let template = template(6);
+        let mut never_listed = unreachable("east", None);
+        never_listed.synced = false;
+        let members = [never_listed, member("west", None), member("north", None)];
+        let mut deleting = input(&template, &[], &members);
+        deleting.deleting = true;
+        let waiting = plan(&deleting);
+        assert_eq!(waiting.pending_cleanup, ["east"]);
+        assert!(!waiting.cleanup_done);
+        // Listed, and nothing there: done.
+        let members = [
+            member("east", None),
+            member("west", None),
+            member("north", None),
+        ];
+        let mut deleting = input(&template, &[], &members);
+        deleting.deleting = true;
+        assert!(plan(&deleting).cleanup_done);
     }
 
     #[test]
