@@ -116,15 +116,6 @@ async fn a_configmap_and_a_secret_follow_their_deployment_and_leave_with_it() ->
                    "metadata": {"name": "unrelated", "namespace": ns}, "data": {"a": "b"}}),
         )
         .await?;
-    // A service account token: a credential of the hub's ServiceAccount, never copied.
-    federation
-        .apply(
-            &secrets(),
-            json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/service-account-token",
-                   "metadata": {"name": "web-token", "namespace": ns,
-                                "annotations": {"kubernetes.io/service-account.name": "default"}}}),
-        )
-        .await?;
     let selector = json!([{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"}]);
     let placement = |clusters: &[&str]| json!({"clusterAffinity": {"clusterNames": clusters}});
     federation
@@ -147,8 +138,7 @@ async fn a_configmap_and_a_secret_follow_their_deployment_and_leave_with_it() ->
                     "template": {"metadata": {"labels": {"app": "web"}},
                         "spec": {"containers": [{"name": "web", "image": "nginx",
                             "envFrom": [{"configMapRef": {"name": "settings"}}]}],
-                            "volumes": [{"name": "creds", "secret": {"secretName": "creds"}},
-                                        {"name": "token", "secret": {"secretName": "web-token"}}]}}}}),
+                            "volumes": [{"name": "creds", "secret": {"secretName": "creds"}}]}}}}),
         )
         .await?;
 
@@ -181,27 +171,6 @@ async fn a_configmap_and_a_secret_follow_their_deployment_and_leave_with_it() ->
             .is_empty(),
         "what no workload references stays on the hub"
     );
-    assert!(
-        holders(&federation, &secrets(), "web-token")
-            .await
-            .is_empty(),
-        "a service account token is never copied to members"
-    );
-    let web = federation
-        .wait_binding(
-            "web-deployment",
-            "says why its token does not follow",
-            Duration::from_secs(30),
-            |b| {
-                let scheduled = find_condition(&b.status.as_ref()?.conditions, "Scheduled")?;
-                scheduled
-                    .message
-                    .contains("service account token")
-                    .then(|| scheduled.message.clone())
-            },
-        )
-        .await?;
-    assert!(web.contains("web-token"), "{web}");
 
     // The Deployment leaves west: so do its ConfigMap and Secret.
     federation

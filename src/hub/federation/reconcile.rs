@@ -847,11 +847,17 @@ fn is_service_account_token(context: &Context, key: &ObjectKey) -> bool {
     if !(resource.group.is_empty() && resource.kind == "Secret") {
         return false;
     }
-    context.bodies.get(key).is_some_and(|body| {
-        serde_json::from_str::<serde_json::Value>(&body)
-            .ok()
-            .is_some_and(|b| b["type"] == "kubernetes.io/service-account-token")
-    })
+    context
+        .bodies
+        .get(key)
+        .is_some_and(|body| is_token_body(&body))
+}
+
+/// Whether a Secret's stored body (its fields but metadata) is a service account token.
+fn is_token_body(body: &str) -> bool {
+    serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .is_some_and(|b| b["type"] == "kubernetes.io/service-account-token")
 }
 
 /// Whether a binding was made for a dependency following its workloads.
@@ -1416,6 +1422,18 @@ async fn announce(
                 format!("evicted replicas Ready elsewhere {seconds:.1}s after the cluster's taint"),
             )
             .await;
+    }
+}
+
+#[cfg(test)]
+mod token_tests {
+    #[test]
+    fn a_service_account_token_is_told_by_its_type() {
+        assert!(super::is_token_body(
+            r#"{"type": "kubernetes.io/service-account-token", "data": {}}"#
+        ));
+        assert!(!super::is_token_body(r#"{"type": "Opaque", "data": {}}"#));
+        assert!(!super::is_token_body("not json"));
     }
 }
 
