@@ -664,22 +664,21 @@ async fn keep_configurations(
                         continue;
                     }
                 }
-                if recreate.is_empty() {
-                    continue;
-                }
             }
-            match configurations::install(cluster, &spec, *role).await {
-                Ok(()) if installed[i] => {
-                    tracing::warn!(cluster = %name, created = %recreate.join(", "), "webhook configurations were deleted; created them again");
-                    missing_before[i].clear();
-                }
-                Ok(()) => {
-                    tracing::info!(cluster = %name, ?role, "webhook configurations installed");
-                    installed[i] = true;
-                }
-                Err(error) => {
-                    failed = true;
-                    tracing::warn!(cluster = %name, ?role, %error, "cannot install the webhook configurations; trying again (the webhook needs get, create and patch on {}-validating and {}-mutating)", spec.name, spec.name);
+            if !installed[i] || !recreate.is_empty() {
+                match configurations::install(cluster, &spec, *role).await {
+                    Ok(()) if installed[i] => {
+                        tracing::warn!(cluster = %name, created = %recreate.join(", "), "webhook configurations were deleted; created them again");
+                        missing_before[i].clear();
+                    }
+                    Ok(()) => {
+                        tracing::info!(cluster = %name, ?role, "webhook configurations installed");
+                        installed[i] = true;
+                    }
+                    Err(error) => {
+                        failed = true;
+                        tracing::warn!(cluster = %name, ?role, %error, "cannot install the webhook configurations; trying again (the webhook needs get, create and patch on {}-validating and {}-mutating)", spec.name, spec.name);
+                    }
                 }
             }
             if conversion && installed[i] {
