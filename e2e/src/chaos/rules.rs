@@ -751,14 +751,21 @@ mod tests {
         assert_eq!(verdict.violations.len(), 0, "{verdict:?}");
     }
 
-    #[test]
-    fn an_api_server_restart_ends_at_the_hubs_first_renewal_it_answered() {
-        let entry = |seconds: f64, event: Event| Entry {
+    /// A timeline entry `seconds` into the run.
+    fn entry(seconds: f64, event: Event) -> Entry {
+        Entry {
             at: at(seconds),
             since_start: None,
             event,
-        };
-        let east = || "east".to_string();
+        }
+    }
+
+    fn east() -> String {
+        "east".to_string()
+    }
+
+    #[test]
+    fn an_api_server_restart_ends_at_the_hubs_first_renewal_it_answered() {
         let entries = [
             entry(6.0, Event::ApiserverDown { member: east() }),
             entry(12.0, Event::ApiserverUp { member: east() }),
@@ -822,12 +829,6 @@ mod tests {
 
     #[test]
     fn fault_windows_come_from_the_timeline() {
-        let entry = |seconds: f64, event: Event| Entry {
-            at: at(seconds),
-            since_start: None,
-            event,
-        };
-        let east = || "east".to_string();
         let entries = [
             entry(1.0, Event::NetworkCut { member: east() }),
             entry(2.0, Event::Note("unrelated".into())),

@@ -819,22 +819,23 @@ async fn execute(
 /// resourceVersion, so a change between the read and the write fails it (409) instead
 /// of being overwritten. Other kinds, and copies that do not exist, are applied as they
 /// are.
-async fn live_precondition(
+async fn live_precondition<'a>(
     inner: &Inner,
     key: &ObjectKey,
     api: &Api<DynamicObject>,
-    object: &Value,
+    object: &'a Value,
     unguarded: bool,
-) -> Result<Value, (Outcome, Option<Fresh>, bool)> {
+) -> Result<std::borrow::Cow<'a, Value>, (Outcome, Option<Fresh>, bool)> {
+    use std::borrow::Cow;
     let Some((_, interpretation)) = inner.kinds.get(key.kind) else {
-        return Ok(object.clone());
+        return Ok(Cow::Borrowed(object));
     };
     if !(interpretation.stateful && interpretation.divisible()) {
-        return Ok(object.clone());
+        return Ok(Cow::Borrowed(object));
     }
     let live = match api.get_opt(&key.name).await {
         Ok(Some(live)) => live,
-        Ok(None) => return Ok(object.clone()),
+        Ok(None) => return Ok(Cow::Borrowed(object)),
         Err(error) => {
             return Err((
                 Outcome::Failed(format!(
@@ -867,7 +868,7 @@ async fn live_precondition(
     if let Some(version) = live.metadata.resource_version {
         object["metadata"]["resourceVersion"] = Value::String(version);
     }
-    Ok(object)
+    Ok(Cow::Owned(object))
 }
 
 /// How often [`confirm_trusted`] looks again while a renewal may be on its way.
