@@ -55,6 +55,7 @@ pub fn decode(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, String> {
     // a body that is not JSON must be refused, not half-read.
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| format!("the body is not an AdmissionReview: {e}"))?;
+    super::require_request_object(&value, "AdmissionReview")?;
     let review: AdmissionReview<DynamicObject> = serde_json::from_value(value)
         .map_err(|e| format!("the body is not an AdmissionReview: {e}"))?;
     // The configurations ask for v1 only; the answer echoes the request's type.

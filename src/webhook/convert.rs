@@ -113,6 +113,11 @@ fn to_v1(mut object: Value) -> Result<Value, String> {
 
 /// Converts one MyDatabase object to `desired` (an apiVersion).
 pub fn convert(object: Value, desired: &str) -> Result<Value, String> {
+    if !object.is_object() {
+        return Err(format!(
+            "every object of a ConversionReview must be a JSON object, got {object}"
+        ));
+    }
     let current = object["apiVersion"]
         .as_str()
         .unwrap_or_default()
@@ -135,6 +140,7 @@ pub fn review(body: &[u8]) -> Result<Vec<u8>, String> {
     // a body that is not JSON must be refused, not half-read.
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| format!("the body is not a ConversionReview: {e}"))?;
+    super::require_request_object(&value, "ConversionReview")?;
     let review: ConversionReview = serde_json::from_value(value)
         .map_err(|e| format!("the body is not a ConversionReview: {e}"))?;
     // The CRD asks for v1 only; the answer echoes the request's type.
@@ -290,6 +296,34 @@ mod tests {
             error.starts_with("MyDatabase shop/a:") && error.contains("example.com/v2"),
             "{error}"
         );
+    }
+
+    /// Found by the fuzz test in CI: serde reads a struct from a JSON array, so a request
+    /// `["", "", [null, null]]` was answered with a made-up uid and null objects.
+    #[test]
+    fn a_request_that_is_not_an_object_is_refused() {
+        for request in [
+            json!(["", "", [null, null]]),
+            json!({"desiredAPIVersion": V1, "objects": []}),
+            json!({"uid": 5, "desiredAPIVersion": V1, "objects": []}),
+        ] {
+            let body = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview", "request": request});
+            let error = review(&serde_json::to_vec(&body).unwrap()).unwrap_err();
+            assert!(error.contains("request"), "{error}");
+        }
+        let body = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview",
+                          "request": {"uid": "u", "desiredAPIVersion": "", "objects": [null]}});
+        let answer: Value =
+            serde_json::from_slice(&review(&serde_json::to_vec(&body).unwrap()).unwrap()).unwrap();
+        assert_eq!(
+            answer["response"]["result"]["status"], "Failure",
+            "{answer}"
+        );
+        let body = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                          "request": ["u", {}, {}]});
+        let error =
+            super::super::admission::decode(&serde_json::to_vec(&body).unwrap()).unwrap_err();
+        assert!(error.contains("request"), "{error}");
     }
 
     /// Found by the fuzz test: indexing into a non-object `metadata` panicked.

@@ -83,6 +83,26 @@ fn metric_kind(kind: &str) -> String {
     }
 }
 
+/// Refuses a review whose `request` is not an object with a string `uid`. Serde reads a
+/// struct from a JSON array too (`"request": ["", "", []]`), which the API server never
+/// sends; such a body must get a 400, not an answer that echoes a made-up uid.
+fn require_request_object(
+    review: &serde_json::Value,
+    what: &str,
+) -> std::result::Result<(), String> {
+    match review.get("request") {
+        Some(serde_json::Value::Object(request))
+            if request.get("uid").is_some_and(|u| u.is_string()) =>
+        {
+            Ok(())
+        }
+        Some(serde_json::Value::Object(_)) => Err(format!(
+            "the {what}'s request has no string uid; the API server always sends one"
+        )),
+        _ => Err(format!("the {what} has no request object")),
+    }
+}
+
 /// `bulkhead webhook` options.
 #[derive(clap::Args, Clone, Debug)]
 pub struct WebhookOptions {
