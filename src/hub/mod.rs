@@ -87,6 +87,11 @@ pub struct HubOptions {
     /// `cert-manager`, ...). Copies already in members are left alone.
     #[arg(long = "exclude-namespace")]
     pub exclude_namespaces: Vec<String>,
+    /// When given (repeatable), only objects in these namespaces are propagated: a name,
+    /// or a prefix ending in `*`. `--exclude-namespace` still wins, and the hub's own
+    /// namespace (`POD_NAMESPACE`), `bulkhead-system` and `kube-*` are never propagated.
+    #[arg(long = "include-namespace")]
+    pub include_namespaces: Vec<String>,
     /// Also serve the admission webhook in this process and install the hub-side webhook
     /// configurations into the hub (the webhook flags below apply; see docs/admission.md).
     #[arg(long)]
@@ -170,12 +175,19 @@ impl Default for HubState {
 
 /// Runs the hub until SIGTERM.
 pub async fn run(options: HubOptions) -> Result<()> {
-    crate::hub::federation::scheduler::exclude_namespaces(&options.exclude_namespaces).map_err(
-        |reason| crate::Error::InvalidOption {
-            option: "--exclude-namespace".into(),
-            reason,
+    crate::hub::federation::scheduler::set_namespace_filter(
+        crate::hub::federation::scheduler::NamespaceFilter {
+            exclude: options.exclude_namespaces.clone(),
+            include: options.include_namespaces.clone(),
+            own: std::env::var("POD_NAMESPACE")
+                .ok()
+                .filter(|n| !n.is_empty()),
         },
-    )?;
+    )
+    .map_err(|reason| crate::Error::InvalidOption {
+        option: "--exclude-namespace/--include-namespace".into(),
+        reason,
+    })?;
     if !(0.0..=1.0).contains(&options.token_renew_fraction) {
         return Err(crate::Error::InvalidOption {
             option: "--token-renew-fraction".into(),

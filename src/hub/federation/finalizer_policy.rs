@@ -229,14 +229,17 @@ pub fn desired_policy(
         "request.namespace != {} && !request.namespace.startsWith(\"kube-\")",
         literal(SYSTEM_NAMESPACE)
     );
-    for entry in crate::hub::federation::scheduler::excluded_namespaces() {
-        match entry.strip_suffix('*') {
-            Some(prefix) => excluded.push_str(&format!(
-                " && !request.namespace.startsWith({})",
-                literal(prefix)
-            )),
-            None => excluded.push_str(&format!(" && request.namespace != {}", literal(entry))),
-        }
+    let filter = crate::hub::federation::scheduler::namespace_filter();
+    let is = |entry: &str| match entry.strip_suffix('*') {
+        Some(prefix) => format!("request.namespace.startsWith({})", literal(prefix)),
+        None => format!("request.namespace == {}", literal(entry)),
+    };
+    for entry in filter.exclude.iter().chain(filter.own.iter()) {
+        excluded.push_str(&format!(" && !({})", is(entry)));
+    }
+    if !filter.include.is_empty() {
+        let any: Vec<String> = filter.include.iter().map(|e| is(e)).collect();
+        excluded.push_str(&format!(" && ({})", any.join(" || ")));
     }
     let mut policy = MutatingAdmissionPolicy {
         metadata: metadata(),

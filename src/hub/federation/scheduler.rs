@@ -31,13 +31,21 @@ use crate::hub::federation::placement::{
 /// Field manager of the hub's scheduler.
 pub const FIELD_MANAGER: &str = "bulkhead-hub-scheduler";
 
-/// The namespaces the operator excludes from propagation (`bulkhead hub
-/// --exclude-namespace`), set once at start: names, or prefixes ending in `*`.
-static EXCLUDED_NAMESPACES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+/// Which namespaces the operator lets propagate (`bulkhead hub --exclude-namespace`,
+/// `--include-namespace`, and the namespace the hub runs in), set once at start.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NamespaceFilter {
+    /// Never propagated: names, or prefixes ending in `*`.
+    pub exclude: Vec<String>,
+    /// When not empty, only these are propagated (names or prefixes); `exclude` wins.
+    pub include: Vec<String>,
+    /// The hub's own namespace (`POD_NAMESPACE`, the chart's release namespace).
+    pub own: Option<String>,
+}
 
-/// Checks and sets the operator's excluded namespaces (once, at start). The error names
-/// the entry and the fix.
-pub fn exclude_namespaces(entries: &[String]) -> Result<(), String> {
+static NAMESPACE_FILTER: std::sync::OnceLock<NamespaceFilter> = std::sync::OnceLock::new();
+
+fn check_entries(option: &str, entries: &[String]) -> Result<(), String> {
     for entry in entries {
         let name = entry.strip_suffix('*').unwrap_or(entry);
         let valid = !name.is_empty()
@@ -46,35 +54,54 @@ pub fn exclude_namespaces(entries: &[String]) -> Result<(), String> {
                 .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
         if !valid {
             return Err(format!(
-                "--exclude-namespace {entry:?}: give a namespace name, or a prefix ending in * (for example cert-manager or team-*)"
+                "{option} {entry:?}: give a namespace name, or a prefix ending in * (for example cert-manager or team-*)"
             ));
         }
     }
-    let _ = EXCLUDED_NAMESPACES.set(entries.to_vec());
     Ok(())
 }
 
-/// The operator's excluded namespaces (names, or prefixes ending in `*`).
-pub fn excluded_namespaces() -> &'static [String] {
-    EXCLUDED_NAMESPACES.get().map(Vec::as_slice).unwrap_or(&[])
+/// Checks and sets the operator's namespace filter (once, at start). The error names the
+/// option, the entry and the fix.
+pub fn set_namespace_filter(filter: NamespaceFilter) -> Result<(), String> {
+    check_entries("--exclude-namespace", &filter.exclude)?;
+    check_entries("--include-namespace", &filter.include)?;
+    let _ = NAMESPACE_FILTER.set(filter);
+    Ok(())
 }
 
-/// Namespaces whose objects are never templates: Bulkhead's own, `kube-*`, and the
-/// operator's `--exclude-namespace` list. A template there is left alone, and so are
-/// copies it has in members already (nothing is deleted because a namespace was
-/// excluded later).
+/// The operator's namespace filter.
+pub fn namespace_filter() -> &'static NamespaceFilter {
+    static NONE: std::sync::OnceLock<NamespaceFilter> = std::sync::OnceLock::new();
+    NAMESPACE_FILTER
+        .get()
+        .unwrap_or_else(|| NONE.get_or_init(NamespaceFilter::default))
+}
+
+/// Namespaces whose objects are never templates: Bulkhead's own (`bulkhead-system` and
+/// the namespace the hub runs in), `kube-*`, the operator's `--exclude-namespace` list,
+/// and, when the operator gave `--include-namespace`, every namespace it does not name. A
+/// template there is left alone, and so are copies it has in members already (nothing is
+/// deleted because a namespace was excluded later).
 pub fn is_excluded_namespace(namespace: &str) -> bool {
-    excluded_by(namespace, excluded_namespaces())
+    excluded_by(namespace, namespace_filter())
 }
 
-/// [`is_excluded_namespace`] with the operator's list given.
-fn excluded_by(namespace: &str, entries: &[String]) -> bool {
+fn matches_entry(namespace: &str, entry: &str) -> bool {
+    match entry.strip_suffix('*') {
+        Some(prefix) => namespace.starts_with(prefix),
+        None => namespace == entry,
+    }
+}
+
+/// [`is_excluded_namespace`] with the filter given.
+fn excluded_by(namespace: &str, filter: &NamespaceFilter) -> bool {
     namespace == SYSTEM_NAMESPACE
         || namespace.starts_with("kube-")
-        || entries.iter().any(|entry| match entry.strip_suffix('*') {
-            Some(prefix) => namespace.starts_with(prefix),
-            None => namespace == entry,
-        })
+        || filter.own.as_deref() == Some(namespace)
+        || filter.exclude.iter().any(|e| matches_entry(namespace, e))
+        || (!filter.include.is_empty()
+            && !filter.include.iter().any(|e| matches_entry(namespace, e)))
 }
 
 /// The binding's name for a template: `<name>-<kind>`.
@@ -586,13 +613,35 @@ mod tests {
     fn system_namespaces_are_never_templates() {
         assert!(is_excluded_namespace("bulkhead-system") && is_excluded_namespace("kube-system"));
         assert!(!is_excluded_namespace("shop"));
-        // Checked before anything is set (the list itself is process-wide).
-        assert!(exclude_namespaces(&["Default".into()]).is_err());
-        assert!(exclude_namespaces(&["*".into()]).is_err());
-        let operator = ["cert-manager".to_string(), "team-*".to_string()];
+        // Checked before anything is set (the filter itself is process-wide).
+        let bad = |exclude: &[&str], include: &[&str]| {
+            set_namespace_filter(NamespaceFilter {
+                exclude: exclude.iter().map(|s| s.to_string()).collect(),
+                include: include.iter().map(|s| s.to_string()).collect(),
+                own: None,
+            })
+            .unwrap_err()
+        };
+        assert!(bad(&["Default"], &[]).contains("--exclude-namespace \"Default\""));
+        assert!(bad(&["*"], &[]).contains("prefix ending in *"));
+        assert!(bad(&[], &["Team_a"]).contains("--include-namespace"));
+        let operator = NamespaceFilter {
+            exclude: vec!["cert-manager".to_string(), "team-*".to_string()],
+            include: vec![],
+            own: Some("platform".into()),
+        };
         assert!(excluded_by("cert-manager", &operator) && excluded_by("team-a", &operator));
-        assert!(excluded_by("kube-public", &operator));
+        assert!(excluded_by("kube-public", &operator) && excluded_by("platform", &operator));
         assert!(!excluded_by("cert-manager-2", &operator) && !excluded_by("shop", &operator));
+        // An allow list: only what it names, and the deny list still wins.
+        let allow = NamespaceFilter {
+            exclude: vec!["shop-secret".to_string()],
+            include: vec!["shop-*".to_string(), "orders".to_string()],
+            own: None,
+        };
+        assert!(!excluded_by("shop-eu", &allow) && !excluded_by("orders", &allow));
+        assert!(excluded_by("default", &allow) && excluded_by("shop-secret", &allow));
+        assert!(excluded_by("bulkhead-system", &allow) && excluded_by("kube-shop-x", &allow));
     }
 
     #[test]
