@@ -40,6 +40,11 @@ pub struct TenantRules {
     /// Zones the tenant's workloads may use; empty = any.
     #[serde(default)]
     pub allowed_zones: Vec<String>,
+    /// Whether the tenant's PropagationPolicies may use `conflictResolution: Overwrite`
+    /// (take over same-named objects that already exist in members, which the tenant may
+    /// not own). Off unless its rules say so.
+    #[serde(default)]
+    pub allow_overwrite: bool,
     /// Defaults filled into the tenant's MyDatabases when unset.
     #[serde(default)]
     pub defaults: TenantDefaults,
@@ -443,6 +448,8 @@ mod tests {
             Some("registry.local/postgres")
         );
         assert_eq!(parse_rules("").unwrap(), TenantRules::default());
+        assert!(!TenantRules::default().allow_overwrite);
+        assert!(parse_rules("allowOverwrite: true").unwrap().allow_overwrite);
     }
 
     #[test]

@@ -475,9 +475,10 @@ fn selector_problems(
 }
 
 /// A tenant's PropagationPolicy as it is stored: its clusterAffinity within the tenant's
-/// `allowedClusters` and `allowedZones`. The mutating webhook narrows it; this checks the
-/// result, so a policy that reached storage past the mutation (its configuration
-/// missing, another mutating webhook after it) is refused all the same.
+/// `allowedClusters` and `allowedZones`, and `conflictResolution: Overwrite` only where
+/// the tenant's rules say `allowOverwrite: true`. The mutating webhook narrows the
+/// affinity; this checks the result, so a policy that reached storage past the mutation
+/// (its configuration missing, another mutating webhook after it) is refused all the same.
 pub fn policy_within_tenant_rules(
     object: &str,
     spec: &crate::api::PropagationSpec,
@@ -486,6 +487,13 @@ pub fn policy_within_tenant_rules(
 ) -> Vec<String> {
     let affinity = spec.placement.cluster_affinity.clone().unwrap_or_default();
     let mut problems = vec![];
+    if spec.conflict_resolution == crate::api::propagation_policy::ConflictResolution::Overwrite
+        && !rules.allow_overwrite
+    {
+        problems.push(format!(
+            "{object}: spec.conflictResolution Overwrite would take over objects of the same name that already exist in members, which tenant {tenant} may not own; use Abort (the default), or have the platform team set allowOverwrite: true in the tenant's rules"
+        ));
+    }
     for (field, asked, allowed, rule) in [
         (
             "clusterNames",
@@ -771,6 +779,31 @@ mod tests {
         assert_eq!(problems.len(), 2, "{problems:?}");
         assert!(problems[0].contains("tenant team-a") && problems[0].contains("maxReplicas 3"));
         assert!(problems[1].contains("tenant team-a") && problems[1].contains("allowedVersions"));
+    }
+
+    #[test]
+    fn a_tenant_policy_overwrites_only_where_its_rules_allow() {
+        use crate::api::propagation_policy::ConflictResolution;
+        let object = "PropagationPolicy shop/p";
+        let mut spec = policy_spec();
+        spec.conflict_resolution = ConflictResolution::Overwrite;
+        let problems = policy_within_tenant_rules(object, &spec, "team-a", &TenantRules::default());
+        assert!(
+            problems.len() == 1
+                && problems[0].contains("conflictResolution Overwrite")
+                && problems[0].contains("allowOverwrite: true")
+                && problems[0].contains("tenant team-a"),
+            "{problems:?}"
+        );
+        let allowing = TenantRules {
+            allow_overwrite: true,
+            ..Default::default()
+        };
+        assert!(policy_within_tenant_rules(object, &spec, "team-a", &allowing).is_empty());
+        spec.conflict_resolution = ConflictResolution::Abort;
+        assert!(
+            policy_within_tenant_rules(object, &spec, "team-a", &TenantRules::default()).is_empty()
+        );
     }
 
     fn policy_spec() -> PropagationSpec {
