@@ -216,7 +216,7 @@ async fn the_chart_lints_renders_for_the_api_server_and_refuses_wrong_values() -
     Ok(())
 }
 
-/// The ClusterRole's and the leader-election Role's rules as rendered with the defaults.
+/// The ClusterRole's and the Roles' rules as rendered with the defaults.
 fn rendered_rules(rendered: &str) -> Result<Vec<(String, Vec<PolicyRule>)>> {
     let mut out = vec![];
     for document in documents(rendered)? {
@@ -236,8 +236,8 @@ async fn the_chart_grants_exactly_the_documented_permissions() -> Result<()> {
     let docs = std::fs::read_to_string(chart_dir().join("../../docs/operations.md"))?;
     let roles = rendered_rules(&rendered)?;
     ensure!(
-        roles.len() == 2,
-        "expected a ClusterRole and a Role: {roles:?}"
+        roles.len() == 3,
+        "expected a ClusterRole and two Roles (leader election, webhook certificates): {roles:?}"
     );
     for (kind, rules) in roles {
         for rule in &rules {
@@ -348,23 +348,6 @@ async fn service_account_kubeconfig(lab: &Lab, hub: &kube::Client) -> Result<Pat
     Ok(path)
 }
 
-/// The webhook's serving certificate, key and CA from the chart's Secret, as files.
-async fn chart_certificates(lab: &Lab, hub: &kube::Client) -> Result<[PathBuf; 3]> {
-    let secret = Api::<Secret>::namespaced(hub.clone(), NAMESPACE)
-        .get(&format!("{RELEASE}-webhook-tls"))
-        .await?;
-    let data = secret.data.context("the webhook Secret has no data")?;
-    let dir = lab.root.join("hub/chart-webhook-tls");
-    std::fs::create_dir_all(&dir)?;
-    let mut paths = vec![];
-    for key in ["tls.crt", "tls.key", "ca.crt"] {
-        let path = dir.join(key);
-        std::fs::write(&path, &data.get(key).context(key)?.0)?;
-        paths.push(path);
-    }
-    Ok([paths[0].clone(), paths[1].clone(), paths[2].clone()])
-}
-
 /// Uninstalls the release and removes what the hub process changed outside it (the
 /// MyDatabase conversion it pointed at itself), even when the test fails half-way.
 struct Release {
@@ -457,27 +440,21 @@ async fn the_hub_with_the_charts_service_account_propagates_and_fails_over_witho
         );
     }
 
-    // The hub process with only the chart's credentials, its webhook on the chart's
-    // certificate (the lab's API server reaches it by URL, not through the Service).
+    // The hub process with only the chart's credentials, its webhook certificate kept
+    // in the chart mode's Secret as the chart's Deployment asks (the lab's API server
+    // reaches it by URL, not through the Service).
     let kubeconfig = service_account_kubeconfig(&lab, &hub).await?;
-    let [cert, key, ca] = chart_certificates(&lab, &hub).await?;
-    let (cert, key, ca) = (
-        cert.display().to_string(),
-        key.display().to_string(),
-        ca.display().to_string(),
-    );
+    let tls_secret = format!("{NAMESPACE}/{RELEASE}-webhook-certs");
     let hub_args = [
         "--webhook",
         "--listen",
         &format!("127.0.0.1:{webhook_port}"),
         "--url",
         &webhook_url,
-        "--tls-cert-file",
-        &cert,
-        "--tls-key-file",
-        &key,
-        "--ca-file",
-        &ca,
+        "--tls-secret",
+        &tls_secret,
+        "--cert-sans",
+        "127.0.0.1",
         "--conversion",
         "--configuration-name",
         RELEASE,
@@ -495,6 +472,42 @@ async fn the_hub_with_the_charts_service_account_propagates_and_fails_over_witho
     // Propagation: a Deployment divided 2/2/2 and a MyDatabase in east and west, the
     // database through the webhook (mutation fills its defaults).
     federation.run_web_and_orders(TOLERATION_SECONDS).await?;
+    // The certificates the webhook served them with: issued by the process, with the
+    // chart's Role, into the chart mode's Secret.
+    let certificates = Api::<Secret>::namespaced(hub.clone(), NAMESPACE)
+        .get(&format!("{RELEASE}-webhook-certs"))
+        .await
+        .context("the hub process did not create the webhook certificate Secret")?;
+    let keys: Vec<String> = certificates.data.unwrap_or_default().into_keys().collect();
+    ensure!(
+        keys == ["ca.crt", "ca.key", "tls.crt", "tls.key"],
+        "the certificate Secret holds {keys:?}"
+    );
+    // Bindings are the hub's: the chart's admission policy refuses anyone else's write,
+    // even the lab's admin (the hub process writes as the chart's ServiceAccount).
+    let bindings =
+        Api::<bulkhead::api::ResourceBinding>::namespaced(hub.clone(), &federation.namespace);
+    let refused = bindings
+        .patch(
+            "web-deployment",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"spec": {"clusters": [{"name": "north", "replicas": 6}]}}),
+            ),
+        )
+        .await;
+    let message = format!("{refused:?}");
+    ensure!(
+        refused.is_err() && message.contains("only the Bulkhead hub"),
+        "an admin's edit of a binding's clusters was not refused: {message}"
+    );
+    let refused = bindings
+        .delete("web-deployment", &kube::api::DeleteParams::default())
+        .await;
+    ensure!(
+        format!("{refused:?}").contains("may not DELETE"),
+        "an admin's delete of a binding was not refused: {refused:?}"
+    );
     let orders_ready = serde_json::to_value(DatabasePhase::Ready)?;
     bulkhead_e2e::wait_for(
         "the hub's MyDatabase status Ready (written by the chart's account)",

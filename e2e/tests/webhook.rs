@@ -6,7 +6,7 @@ use bulkhead_e2e::support::http_get;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, ensure};
 use bulkhead::api::MyDatabase;
 use bulkhead_e2e::agent_support::{bulkhead_binary, free_port};
 use bulkhead_e2e::lab::{self, Lab};
@@ -627,6 +627,166 @@ async fn certificate_rotation_drops_no_request_and_a_down_webhook_never_blocks_m
     assert!(
         closed.is_err(),
         "MyDatabase admission fails closed while the webhook is down"
+    );
+    Ok(())
+}
+
+/// The chart's default mode: two webhook processes (two replicas) keep their certificates
+/// in one Secret. With a 60 s serving certificate and a 210 s CA, the serving certificate
+/// is renewed every 40 s and the CA once (at 140 s, signing from 200 s); admission
+/// requests through both webhooks never fail meanwhile.
+#[tokio::test]
+async fn certificates_kept_in_a_secret_rotate_with_no_failed_admission() -> Result<()> {
+    use k8s_openapi::api::core::v1::Secret;
+    let lab = support::lab().await?;
+    lab.install_crds("hub", &lab::crd_dir()).await?;
+    let namespace = TestNamespace::create(&lab, "webhook-secret", &["hub"]).await?;
+    let ns = namespace.name.as_str();
+    let hub = lab.client("hub").await?;
+    label_namespace(&hub, ns, serde_json::json!({SCOPE_LABEL: ns})).await?;
+    let secret = format!("{ns}/webhook-certs");
+    let secrets: Api<Secret> = Api::namespaced(hub.clone(), ns);
+    let mut replicas = vec![];
+    for replica in ["a", "b"] {
+        let port = free_port();
+        let log = lab
+            .log_dir("hub")
+            .join(format!("webhook-{ns}-{replica}.log"));
+        let child = Command::new(bulkhead_binary()?)
+            .arg("webhook")
+            .arg("--kubeconfig")
+            .arg(lab.kubeconfig("hub"))
+            .args([
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--url",
+                &format!("https://127.0.0.1:{port}"),
+                "--probe-address",
+                &format!("127.0.0.1:{}", free_port()),
+                "--configure-hub",
+                "--configuration-name",
+                &format!("e2e-{ns}-{replica}"),
+                "--selector-label",
+                &format!("{SCOPE_LABEL}={ns}"),
+                "--tenant-namespace",
+                ns,
+                "--tls-secret",
+                &secret,
+                "--cert-sans",
+                "127.0.0.1",
+                "--serving-cert-validity-seconds",
+                "60",
+                "--ca-validity-seconds",
+                "210",
+            ])
+            .env("RUST_LOG", "info,bulkhead=debug")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()?;
+        replicas.push((
+            Webhook {
+                child,
+                log,
+                probe: 0,
+            },
+            Configurations {
+                name: format!("e2e-{ns}-{replica}"),
+                kubeconfigs: vec![lab.inside_kubeconfig("hub")],
+            },
+        ));
+    }
+    let logs = |replicas: &Vec<(Webhook, Configurations)>| {
+        replicas
+            .iter()
+            .map(|(w, _)| w.log_text())
+            .collect::<Vec<_>>()
+            .join("\n---\n")
+    };
+    // Both configurations carry the Secret's bundle.
+    wait_for(
+        "both webhook configurations carry the Secret's CA",
+        Duration::from_secs(60),
+        || {
+            let configurations = Api::<ValidatingWebhookConfiguration>::all(hub.clone());
+            let secrets = secrets.clone();
+            async move {
+                let Ok(Some(secret)) = secrets.get_opt("webhook-certs").await else {
+                    return Check::Waiting("no Secret yet".into());
+                };
+                let bundle = secret.data.unwrap_or_default().get("ca.crt").cloned();
+                for replica in ["a", "b"] {
+                    let name = format!("e2e-{ns}-{replica}-validating");
+                    match configurations.get_opt(&name).await {
+                        Ok(Some(c)) => {
+                            let carried = c
+                                .webhooks
+                                .unwrap_or_default()
+                                .first()
+                                .and_then(|w| w.client_config.ca_bundle.clone());
+                            if carried != bundle {
+                                return Check::Waiting(format!("{name} carries another bundle"));
+                            }
+                        }
+                        other => return Check::Waiting(format!("{name}: {other:?}")),
+                    }
+                }
+                Check::Done(())
+            }
+        },
+    )
+    .await
+    .with_context(|| logs(&replicas))?;
+    let first_bundle =
+        secrets.get("webhook-certs").await?.data.unwrap_or_default()["ca.crt"].clone();
+
+    let databases: Api<MyDatabase> = Api::namespaced(hub.clone(), ns);
+    let started = Instant::now();
+    let (mut requests, mut failures) = (0, vec![]);
+    while started.elapsed() < Duration::from_secs(230) {
+        match databases
+            .create(
+                &PostParams {
+                    dry_run: true,
+                    ..Default::default()
+                },
+                &database("rotating", 2)?,
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(error) => {
+                failures.push(format!("{:.1}s: {error}", started.elapsed().as_secs_f64()))
+            }
+        }
+        requests += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let text = logs(&replicas);
+    let renewals = text.matches("webhook certificates renewed").count();
+    let bundle_now = secrets.get("webhook-certs").await?.data.unwrap_or_default()["ca.crt"].clone();
+    let cas_now = String::from_utf8_lossy(&bundle_now.0)
+        .matches("BEGIN CERTIFICATE")
+        .count();
+    eprintln!(
+        "{requests} admission requests through two webhooks during {renewals} certificate renewals (the CA renewed: {}, {cas_now} CAs in the bundle), {} failed",
+        bundle_now != first_bundle,
+        failures.len()
+    );
+    ensure!(
+        failures.is_empty(),
+        "admission failed during rotation: {failures:#?}\n{text}"
+    );
+    ensure!(
+        renewals >= 4,
+        "the serving certificate was renewed at least 4 times in 230 s ({renewals})"
+    );
+    ensure!(
+        bundle_now != first_bundle && cas_now == 2,
+        "the CA was renewed and the old one kept in the bundle ({cas_now} CAs)"
+    );
+    ensure!(
+        text.contains("moves to the current CA"),
+        "the serving certificate moved to the new CA:\n{text}"
     );
     Ok(())
 }

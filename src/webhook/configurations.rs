@@ -38,7 +38,9 @@ pub struct ConfigurationSpec {
     /// Base name; the objects are `<name>-validating` and `<name>-mutating`.
     pub name: String,
     pub endpoint: Endpoint,
-    pub ca_bundle_pem: String,
+    /// The CA bundle API servers trust for the webhook; `None` leaves the field to
+    /// someone else (cert-manager's CA injector), never written by the webhook.
+    pub ca_bundle_pem: Option<String>,
     /// An extra `key=value` requirement on namespaces and objects (tests scope the
     /// webhook to their own objects with it).
     pub selector_label: Option<(String, String)>,
@@ -47,7 +49,10 @@ pub struct ConfigurationSpec {
 const SYSTEM_NAMESPACES: [&str; 3] = ["kube-system", "kube-public", "kube-node-lease"];
 
 fn client_config(spec: &ConfigurationSpec, path: &str) -> WebhookClientConfig {
-    let ca_bundle = Some(ByteString(spec.ca_bundle_pem.as_bytes().to_vec()));
+    let ca_bundle = spec
+        .ca_bundle_pem
+        .as_ref()
+        .map(|pem| ByteString(pem.as_bytes().to_vec()));
     match &spec.endpoint {
         Endpoint::Url(base) => WebhookClientConfig {
             url: Some(format!("{}{path}", base.trim_end_matches('/'))),
@@ -355,10 +360,11 @@ pub async fn ensure_conversion(
         let mut crd = api.get("mydatabases.example.com").await?;
         tracing::debug!(conversion = ?crd.spec.conversion, "current MyDatabase conversion");
         let served = crd.spec.versions.iter().all(|v| v.served);
+        let wanted = keeping_an_injected_bundle(&wanted, crd.spec.conversion.as_ref());
         if served && crd.spec.conversion.as_ref() == Some(&wanted) {
             return Ok(false);
         }
-        crd.spec.conversion = Some(wanted.clone());
+        crd.spec.conversion = Some(wanted);
         for version in &mut crd.spec.versions {
             version.served = true;
         }
@@ -375,6 +381,28 @@ pub async fn ensure_conversion(
     Ok(false)
 }
 
+/// The conversion to write: `wanted`, and when it carries no caBundle (cert-manager's CA
+/// injector writes it), the caBundle the CRD holds now.
+fn keeping_an_injected_bundle(
+    wanted: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceConversion,
+    current: Option<&k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceConversion>,
+) -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceConversion {
+    let mut wanted = wanted.clone();
+    let injected = current
+        .and_then(|c| c.webhook.as_ref())
+        .and_then(|w| w.client_config.as_ref())
+        .and_then(|c| c.ca_bundle.clone());
+    if let Some(config) = wanted
+        .webhook
+        .as_mut()
+        .and_then(|w| w.client_config.as_mut())
+        .filter(|c| c.ca_bundle.is_none())
+    {
+        config.ca_bundle = injected;
+    }
+    wanted
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -383,7 +411,7 @@ mod tests {
         ConfigurationSpec {
             name: "bulkhead".into(),
             endpoint: Endpoint::Url("https://127.0.0.1:9443".into()),
-            ca_bundle_pem: "-----BEGIN CERTIFICATE-----\n".into(),
+            ca_bundle_pem: Some("-----BEGIN CERTIFICATE-----\n".into()),
             selector_label: None,
         }
     }
@@ -471,5 +499,44 @@ mod tests {
                 .len(),
             2
         );
+    }
+
+    #[test]
+    fn an_injected_ca_bundle_is_kept_and_an_own_one_wins() {
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+            CustomResourceConversion, WebhookClientConfig as CrdClientConfig, WebhookConversion,
+        };
+        let conversion = |bundle: Option<&str>| CustomResourceConversion {
+            strategy: "Webhook".into(),
+            webhook: Some(WebhookConversion {
+                client_config: Some(CrdClientConfig {
+                    url: Some("https://127.0.0.1:9443/convert".into()),
+                    ca_bundle: bundle.map(|b| ByteString(b.as_bytes().to_vec())),
+                    service: None,
+                }),
+                conversion_review_versions: vec!["v1".into()],
+            }),
+        };
+        // cert-manager's injector wrote one: the webhook (no bundle of its own) keeps it.
+        assert_eq!(
+            keeping_an_injected_bundle(&conversion(None), Some(&conversion(Some("injected")))),
+            conversion(Some("injected"))
+        );
+        // The webhook publishes its own: that one is written.
+        assert_eq!(
+            keeping_an_injected_bundle(&conversion(Some("own")), Some(&conversion(Some("old")))),
+            conversion(Some("own"))
+        );
+        assert_eq!(
+            keeping_an_injected_bundle(&conversion(None), None),
+            conversion(None)
+        );
+        // Without a bundle, the configurations leave the field out (server-side apply
+        // then never owns it).
+        let spec = ConfigurationSpec {
+            ca_bundle_pem: None,
+            ..spec()
+        };
+        assert!(client_config(&spec, "/validate").ca_bundle.is_none());
     }
 }

@@ -14,6 +14,7 @@ pub mod admission;
 pub mod configurations;
 pub mod convert;
 pub mod mutate;
+pub mod secret_certificates;
 pub mod tenants;
 pub mod tls;
 pub mod validate;
@@ -133,9 +134,26 @@ pub struct WebhookServerOptions {
     /// Private key for --tls-cert-file (PEM).
     #[arg(long, requires = "tls_cert_file")]
     pub tls_key_file: Option<PathBuf>,
-    /// CA bundle (PEM) to publish when serving from files.
+    /// CA bundle (PEM) to publish when serving from files; re-read when it changes.
     #[arg(long)]
     pub ca_file: Option<PathBuf>,
+    /// Keep the CA and serving certificate in this Secret (`namespace/name`): every
+    /// process serving the webhook reads it, the first to find a certificate due renews
+    /// it (the chart's default mode; docs/admission.md, "Certificates").
+    #[arg(long, conflicts_with_all = ["tls_cert_file", "ca_file"])]
+    pub tls_secret: Option<String>,
+    /// Lifetime of a serving certificate issued into --tls-secret (renewed when a third
+    /// is left).
+    #[arg(long, default_value_t = 90 * 86400)]
+    pub serving_cert_validity_seconds: u64,
+    /// Lifetime of a CA issued into --tls-secret (renewed when a third is left; the old CA
+    /// stays in the bundle until it expires).
+    #[arg(long, default_value_t = 3650 * 86400)]
+    pub ca_validity_seconds: u64,
+    /// Never write caBundle: cert-manager's CA injector writes it (the chart's
+    /// certManager mode).
+    #[arg(long)]
+    pub ca_bundle_injected: bool,
     /// Subject alternative names of a self-issued certificate.
     #[arg(
         long,
@@ -483,9 +501,20 @@ pub async fn start(
 ) -> Result<tokio::task::JoinHandle<()>> {
     let client = process.client.clone();
 
-    // Certificates.
-    let (store, ca_pem, authority) = match (&options.tls_cert_file, &options.tls_key_file) {
-        (Some(cert), Some(key)) => {
+    // Certificates. The bundle to publish is empty until it is known (a Secret not read
+    // yet); the configurations wait for it.
+    let bundle = Arc::new(ArcSwap::from_pointee(String::new()));
+    let bundle_changed = Arc::new(tokio::sync::Notify::new());
+    let issue_error = |e: tls::TlsError| Error::Io {
+        action: "issuing the webhook certificate".into(),
+        source: std::io::Error::other(e.to_string()),
+    };
+    let store = match (
+        &options.tls_cert_file,
+        &options.tls_key_file,
+        &options.tls_secret,
+    ) {
+        (Some(cert), Some(key), _) => {
             let loaded = tls::load_files(cert, key).map_err(|e| Error::Io {
                 action: "loading the serving certificate".into(),
                 source: std::io::Error::other(e.to_string()),
@@ -498,57 +527,74 @@ pub async fn start(
                 Duration::from_secs(2),
                 process.shutdown.clone(),
             ));
-            let ca = match &options.ca_file {
-                Some(path) => std::fs::read_to_string(path).map_err(|source| Error::Io {
-                    action: format!("reading {}", path.display()),
-                    source,
-                })?,
-                None => std::fs::read_to_string(cert).unwrap_or_default(),
-            };
-            (store, ca, None)
+            // Without --ca-file the certificate file's chain is published.
+            let ca_path = options.ca_file.clone().unwrap_or_else(|| cert.clone());
+            let pem = std::fs::read_to_string(&ca_path).map_err(|source| Error::Io {
+                action: format!("reading {}", ca_path.display()),
+                source,
+            })?;
+            bundle.store(Arc::new(pem));
+            tokio::spawn(tls::watch_bundle_file(
+                ca_path,
+                bundle.clone(),
+                bundle_changed.clone(),
+                Duration::from_secs(2),
+                process.shutdown.clone(),
+            ));
+            store
+        }
+        (_, _, Some(secret)) => {
+            let (namespace, name) = secret
+                .split_once('/')
+                .filter(|(ns, name)| !ns.is_empty() && !name.is_empty())
+                .ok_or_else(|| Error::InvalidOption {
+                    option: format!("--tls-secret {secret:?}"),
+                    reason: "give the Secret as namespace/name, e.g. bulkhead-system/bulkhead-webhook-certs".into(),
+                })?;
+            // Served until the Secret was read (the process is not ready meanwhile, and
+            // no configuration names this certificate's CA).
+            let placeholder = tls::CertificateAuthority::new("bulkhead-webhook-placeholder")
+                .and_then(|ca| ca.issue(&options.cert_sans))
+                .and_then(|i| tls::certified_key(&i.cert_pem, &i.key_pem))
+                .map_err(issue_error)?;
+            let store = tls::CertificateStore::new(placeholder);
+            tokio::spawn(secret_certificates::keep(
+                client.clone(),
+                secret_certificates::SecretSource {
+                    namespace: namespace.to_string(),
+                    name: name.to_string(),
+                    sans: options.cert_sans.clone(),
+                    lifetimes: secret_certificates::Lifetimes {
+                        serving: Duration::from_secs(options.serving_cert_validity_seconds.max(60)),
+                        ca: Duration::from_secs(options.ca_validity_seconds.max(180)),
+                    },
+                },
+                secret_certificates::Published {
+                    store: store.clone(),
+                    bundle: bundle.clone(),
+                    changed: bundle_changed.clone(),
+                },
+                process.shutdown.clone(),
+            ));
+            store
         }
         _ => {
-            let issue_error = |e: tls::TlsError| Error::Io {
-                action: "issuing the webhook certificate".into(),
-                source: std::io::Error::other(e.to_string()),
-            };
             let authority =
                 tls::CertificateAuthority::new("bulkhead-webhook-ca").map_err(issue_error)?;
             let issued = authority.issue(&options.cert_sans).map_err(issue_error)?;
             let key = tls::certified_key(&issued.cert_pem, &issued.key_pem).map_err(issue_error)?;
-            (
-                tls::CertificateStore::new(key),
-                issued.ca_pem,
-                Some(authority),
-            )
+            bundle.store(Arc::new(issued.ca_pem));
+            let store = tls::CertificateStore::new(key);
+            tokio::spawn(rotate_self_issued(
+                authority,
+                store.clone(),
+                options.cert_sans.clone(),
+                Duration::from_secs(options.rotate_every_seconds.max(1)),
+                process.shutdown.clone(),
+            ));
+            store
         }
     };
-    if let Some(authority) = authority {
-        let store = store.clone();
-        let sans = options.cert_sans.clone();
-        let every = Duration::from_secs(options.rotate_every_seconds.max(1));
-        let shutdown = process.shutdown.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(every) => {}
-                }
-                match authority
-                    .issue(&sans)
-                    .and_then(|i| tls::certified_key(&i.cert_pem, &i.key_pem))
-                {
-                    Ok(key) => {
-                        store.replace(key);
-                        tracing::info!("serving certificate rotated");
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, "certificate rotation failed; keeping the current one")
-                    }
-                }
-            }
-        });
-    }
 
     // Tenants and (strict mode) known clusters.
     let recorder = Recorder::new(
@@ -620,7 +666,7 @@ pub async fn start(
     let spec = ConfigurationSpec {
         name: options.configuration_name.clone(),
         endpoint: endpoint(options),
-        ca_bundle_pem: ca_pem,
+        ca_bundle_pem: None,
         selector_label: options
             .selector_label
             .as_ref()
@@ -631,12 +677,23 @@ pub async fn start(
     let shutdown = process.shutdown.clone();
     let tenant_namespace = options.tenant_namespace.clone();
     let conversion = options.conversion;
+    let published = PublishedBundle {
+        bundle,
+        changed: bundle_changed,
+        injected: options.ca_bundle_injected,
+    };
+    let secret = options.tls_secret.clone();
     tokio::spawn(async move {
         if !wait_for_tenants(&readiness, &shutdown, &tenants, &tenant_namespace).await {
             return;
         }
+        if let Some(secret) = secret
+            && !wait_for_certificate(&readiness, &shutdown, &published, &secret).await
+        {
+            return;
+        }
         readiness.set_ready();
-        keep_configurations(targets, spec, conversion, shutdown).await;
+        keep_configurations(targets, spec, published, conversion, shutdown).await;
     });
     Ok(serving)
 }
@@ -654,17 +711,33 @@ const CONFIGURATIONS_EVERY: Duration = Duration::from_secs(15);
 /// fix and tried again; it never ends the process.
 async fn keep_configurations(
     targets: Vec<(String, kube::Client, ClusterRole)>,
-    spec: ConfigurationSpec,
+    mut spec: ConfigurationSpec,
+    published: PublishedBundle,
     conversion: bool,
     shutdown: CancellationToken,
 ) {
-    // Per target: installed once, and what was missing at the last check.
+    // Per target: installed once, with which bundle, and what was missing at the last check.
     let mut installed = vec![false; targets.len()];
+    let mut installed_bundle: Vec<Option<String>> = vec![None; targets.len()];
     let mut missing_before: Vec<Vec<String>> = vec![vec![]; targets.len()];
     loop {
+        spec.ca_bundle_pem = published.current();
         let mut failed = false;
         for (i, (name, cluster, role)) in targets.iter().enumerate() {
             let mut recreate = vec![];
+            // A new CA bundle (certificates renewed, or files replaced) is written at once.
+            if installed[i] && installed_bundle[i] != spec.ca_bundle_pem {
+                match configurations::install(cluster, &spec, *role).await {
+                    Ok(()) => {
+                        tracing::info!(cluster = %name, "webhook configurations carry the new CA bundle");
+                        installed_bundle[i] = spec.ca_bundle_pem.clone();
+                    }
+                    Err(error) => {
+                        failed = true;
+                        tracing::warn!(cluster = %name, %error, "cannot write the new CA bundle into the webhook configurations; trying again");
+                    }
+                }
+            }
             if installed[i] {
                 match configurations::missing(cluster, &spec).await {
                     Ok(missing) => {
@@ -694,6 +767,7 @@ async fn keep_configurations(
                     Ok(()) => {
                         tracing::info!(cluster = %name, ?role, "webhook configurations installed");
                         installed[i] = true;
+                        installed_bundle[i] = spec.ca_bundle_pem.clone();
                     }
                     Err(error) => {
                         failed = true;
@@ -722,6 +796,73 @@ async fn keep_configurations(
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
+            _ = published.changed.notified() => {}
+        }
+    }
+}
+
+/// The CA bundle the configurations carry.
+struct PublishedBundle {
+    bundle: Arc<ArcSwap<String>>,
+    changed: Arc<tokio::sync::Notify>,
+    /// cert-manager's CA injector writes caBundle; the webhook leaves it alone.
+    injected: bool,
+}
+
+impl PublishedBundle {
+    fn current(&self) -> Option<String> {
+        (!self.injected).then(|| self.bundle.load().to_string())
+    }
+}
+
+/// Waits until the certificates of `--tls-secret` were read (not ready meanwhile).
+async fn wait_for_certificate(
+    readiness: &crate::server::Readiness,
+    shutdown: &CancellationToken,
+    published: &PublishedBundle,
+    secret: &str,
+) -> bool {
+    let started = Instant::now();
+    while published.bundle.load().is_empty() {
+        readiness.set_not_ready(format!(
+            "webhook: reading its certificate from Secret {secret}"
+        ));
+        tokio::select! {
+            _ = shutdown.cancelled() => return false,
+            _ = published.changed.notified() => {}
+            _ = tokio::time::sleep(Duration::from_secs(15)) => {
+                tracing::warn!(waited = ?started.elapsed(), %secret, "still no webhook certificate; the webhook is not ready (check its permission to get, create and update that Secret)");
+            }
+        }
+    }
+    true
+}
+
+/// Re-issues a self-issued serving certificate every `every` (same CA, so the published
+/// bundle stays valid).
+async fn rotate_self_issued(
+    authority: tls::CertificateAuthority,
+    store: Arc<tls::CertificateStore>,
+    sans: Vec<String>,
+    every: Duration,
+    shutdown: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        match authority
+            .issue(&sans)
+            .and_then(|i| tls::certified_key(&i.cert_pem, &i.key_pem))
+        {
+            Ok(key) => {
+                store.replace(key);
+                tracing::info!("serving certificate rotated");
+            }
+            Err(error) => {
+                tracing::warn!(%error, "certificate rotation failed; keeping the current one")
+            }
         }
     }
 }

@@ -9,13 +9,14 @@ use std::time::{Duration, SystemTime};
 
 use arc_swap::ArcSwap;
 use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
 };
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
+use time::OffsetDateTime;
 
 /// Errors loading or issuing certificates.
 #[derive(Debug, thiserror::Error)]
@@ -43,12 +44,30 @@ pub struct IssuedCertificate {
 
 /// A self-signed CA that signs serving certificates; kept in memory.
 pub struct CertificateAuthority {
-    issuer: CertifiedIssuer<'static, KeyPair>,
+    issuer: Issuer<'static, KeyPair>,
+    pem: String,
+}
+
+/// A certificate's validity period.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Validity {
+    pub not_before: OffsetDateTime,
+    pub not_after: OffsetDateTime,
 }
 
 impl CertificateAuthority {
     /// Creates a new CA.
     pub fn new(common_name: &str) -> Result<Self, TlsError> {
+        Self::create(common_name, None)
+    }
+
+    /// Creates a new CA valid for `validity`; the certificates it signs get their own
+    /// validity with [`Self::issue_server_valid`].
+    pub fn with_validity(common_name: &str, validity: Validity) -> Result<Self, TlsError> {
+        Self::create(common_name, Some(validity))
+    }
+
+    fn create(common_name: &str, validity: Option<Validity>) -> Result<Self, TlsError> {
         let mut params = CertificateParams::new(Vec::<String>::new())?;
         params
             .distinguished_name
@@ -59,14 +78,50 @@ impl CertificateAuthority {
             KeyUsagePurpose::CrlSign,
             KeyUsagePurpose::DigitalSignature,
         ];
+        if let Some(validity) = validity {
+            params.not_before = validity.not_before;
+            params.not_after = validity.not_after;
+        }
+        let key = KeyPair::generate()?;
+        let pem = params.self_signed(&key)?.pem();
         Ok(CertificateAuthority {
-            issuer: CertifiedIssuer::self_signed(params, KeyPair::generate()?)?,
+            issuer: Issuer::new(params, key),
+            pem,
         })
+    }
+
+    /// A CA kept elsewhere (a Secret): its certificate and private key as PEM.
+    pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Self, TlsError> {
+        let key = KeyPair::from_pem(key_pem)?;
+        Ok(CertificateAuthority {
+            issuer: Issuer::from_ca_cert_pem(cert_pem, key)?,
+            pem: cert_pem.to_string(),
+        })
+    }
+
+    /// The CA's private key as PEM (to keep it in a Secret).
+    pub fn key_pem(&self) -> String {
+        self.issuer.key().serialize_pem()
     }
 
     /// The CA certificate, for `caBundle`.
     pub fn pem(&self) -> String {
-        self.issuer.pem()
+        self.pem.clone()
+    }
+
+    /// Issues a serving certificate for `sans`, valid for `validity`.
+    pub fn issue_server_valid(
+        &self,
+        sans: &[String],
+        validity: Validity,
+    ) -> Result<IssuedCertificate, TlsError> {
+        self.sign(
+            "bulkhead-webhook",
+            None,
+            sans,
+            ExtendedKeyUsagePurpose::ServerAuth,
+            Some(validity),
+        )
     }
 
     /// Issues a serving certificate for `sans` (IP addresses become IP SANs).
@@ -80,7 +135,13 @@ impl CertificateAuthority {
         common_name: &str,
         sans: &[String],
     ) -> Result<IssuedCertificate, TlsError> {
-        self.sign(common_name, None, sans, ExtendedKeyUsagePurpose::ServerAuth)
+        self.sign(
+            common_name,
+            None,
+            sans,
+            ExtendedKeyUsagePurpose::ServerAuth,
+            None,
+        )
     }
 
     /// Issues a client certificate (`CN=common_name`, `O=organization`), as Kubernetes
@@ -95,6 +156,7 @@ impl CertificateAuthority {
             organization,
             &[],
             ExtendedKeyUsagePurpose::ClientAuth,
+            None,
         )
     }
 
@@ -104,6 +166,7 @@ impl CertificateAuthority {
         organization: Option<&str>,
         sans: &[String],
         usage: ExtendedKeyUsagePurpose,
+        validity: Option<Validity>,
     ) -> Result<IssuedCertificate, TlsError> {
         let mut params = CertificateParams::new(sans.to_vec())?;
         params
@@ -119,6 +182,10 @@ impl CertificateAuthority {
             KeyUsagePurpose::DigitalSignature,
             KeyUsagePurpose::KeyEncipherment,
         ];
+        if let Some(validity) = validity {
+            params.not_before = validity.not_before;
+            params.not_after = validity.not_after;
+        }
         let key = KeyPair::generate()?;
         let cert = params.signed_by(&key, &self.issuer)?;
         Ok(IssuedCertificate {
@@ -233,6 +300,44 @@ pub async fn watch_files(
             }
             Err(error) => {
                 tracing::warn!(%error, "new certificate files do not load; keeping the current ones")
+            }
+        }
+    }
+}
+
+/// Re-reads the CA bundle file `path` whenever it changes (checked every `every`) into
+/// `bundle`, notifying `changed`; a file that is not a certificate is logged and skipped.
+pub async fn watch_bundle_file(
+    path: PathBuf,
+    bundle: Arc<ArcSwap<String>>,
+    changed: Arc<tokio::sync::Notify>,
+    every: Duration,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    let mut seen = modified(&path);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        let now = modified(&path);
+        if now == seen {
+            continue;
+        }
+        match read(&path) {
+            Ok(pem) if pem.contains("-----BEGIN CERTIFICATE-----") => {
+                seen = now;
+                if **bundle.load() != pem {
+                    bundle.store(Arc::new(pem));
+                    changed.notify_one();
+                    tracing::info!(file = %path.display(), "CA bundle reloaded");
+                }
+            }
+            Ok(_) => {
+                tracing::warn!(file = %path.display(), "the CA bundle file holds no certificate; keeping the current bundle")
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the CA bundle file; keeping the current bundle")
             }
         }
     }

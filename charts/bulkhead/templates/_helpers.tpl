@@ -70,7 +70,12 @@ app.kubernetes.io/part-of: bulkhead
 {{- concat $names .Values.webhook.certificates.extraDnsNames | toJson -}}
 {{- end -}}
 
-{{/* Whether the webhook's certificate comes from files (chart or cert-manager). */}}
+{{/* Whether the webhook's certificate comes from files (cert-manager's Secret). */}}
 {{- define "bulkhead.webhookCertificateFiles" -}}
-{{- if and .Values.webhook.enabled (ne .Values.webhook.certificates.mode "process") -}}true{{- end -}}
+{{- if and .Values.webhook.enabled (eq .Values.webhook.certificates.mode "certManager") -}}true{{- end -}}
+{{- end -}}
+
+{{/* The Secret the hub processes keep the webhook's certificates in (chart mode). */}}
+{{- define "bulkhead.webhookCertificateSecretName" -}}
+{{- printf "%s-webhook-certs" (include "bulkhead.fullname" .) -}}
 {{- end -}}
