@@ -338,6 +338,95 @@ async fn join_refuses_what_it_cannot_use_and_creates_nothing_on_the_hub() -> Res
     Ok(())
 }
 
+/// With the hub's own credentials for `member` (the kubeconfig `join` stored on the hub),
+/// real writes in `kube-system`, `bulkhead-system` and the namespace `join
+/// --protect-namespace` named are refused by the member's API server
+/// (ValidatingAdmissionPolicy `bulkhead-hub-guard`), while a write elsewhere and the
+/// fencing Lease are allowed.
+async fn hub_account_is_kept_out_of_system_namespaces(
+    lab: &Lab,
+    hub: &Client,
+    member: &str,
+) -> Result<()> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let secret = Api::<Secret>::namespaced(hub.clone(), "bulkhead-system")
+        .get(&format!("member-{member}"))
+        .await?;
+    let text = String::from_utf8(secret.data.unwrap_or_default()["kubeconfig"].0.clone())?;
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::from_yaml(&text)?,
+        &Default::default(),
+    )
+    .await?;
+    let as_hub = Client::try_from(config)?;
+    let admin = lab.client(member).await?;
+    let protected = "e2e-protected";
+    let namespaces = Api::<Namespace>::all(admin.clone());
+    if namespaces.get_opt(protected).await?.is_none() {
+        namespaces
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(serde_json::json!({"metadata": {"name": protected}}))?,
+            )
+            .await?;
+    }
+    let config_map: ConfigMap = serde_json::from_value(
+        serde_json::json!({"metadata": {"name": "written-by-the-hub"}, "data": {"a": "b"}}),
+    )?;
+    // The policy is read by the API server a moment after it is applied.
+    for namespace in ["kube-system", "bulkhead-system", protected] {
+        let api = Api::<ConfigMap>::namespaced(as_hub.clone(), namespace);
+        let refusal = wait_for(
+            &format!("{member}: the hub's write in {namespace} refused"),
+            Duration::from_secs(20),
+            || {
+                let api = api.clone();
+                let config_map = config_map.clone();
+                async move {
+                    match api.create(&PostParams::default(), &config_map).await {
+                        Err(kube::Error::Api(status))
+                            if status.message.contains("bulkhead-hub-guard") =>
+                        {
+                            Check::Done(status.message)
+                        }
+                        Err(error) => Check::Waiting(error.to_string()),
+                        Ok(_) => {
+                            let _ = api
+                                .delete("written-by-the-hub", &DeleteParams::default())
+                                .await;
+                            Check::Waiting("created (the policy not in force yet)".into())
+                        }
+                    }
+                }
+            },
+        )
+        .await?;
+        assert!(
+            refusal.contains(&format!(
+                "may not CREATE configmaps written-by-the-hub in namespace {namespace}"
+            )),
+            "{refusal}"
+        );
+        eprintln!("{member}: {refusal}");
+    }
+    // Elsewhere the hub writes as before (a dry run), and its fencing Lease is untouched
+    // by the policy (the hub renews it all the time).
+    Api::<ConfigMap>::namespaced(as_hub.clone(), "default")
+        .create(
+            &PostParams {
+                dry_run: true,
+                ..Default::default()
+            },
+            &config_map,
+        )
+        .await
+        .context("the hub may write outside the protected namespaces")?;
+    namespaces
+        .delete(protected, &DeleteParams::default())
+        .await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn members_join_are_probed_tainted_zoned_leased_and_unjoin_cleanly() -> Result<()> {
     let lab = support::lab().await?;
@@ -361,13 +450,28 @@ async fn members_join_are_probed_tainted_zoned_leased_and_unjoin_cleanly() -> Re
             "the admin credentials never reach the hub"
         );
     }
-    // Joining again is an idempotent update.
+    // Joining again is an idempotent update; this time west protects a namespace.
     let (name, zone, region) = MEMBERS[1];
+    let output = bulkhead(&[
+        "join",
+        name,
+        "--kubeconfig",
+        &path(&lab.kubeconfig(name)),
+        "--zone",
+        zone,
+        "--region",
+        region,
+        "--hub-kubeconfig",
+        &path(&lab.kubeconfig("hub")),
+        "--protect-namespace",
+        "e2e-protected",
+    ])?;
     assert!(
-        join(&lab, name, &lab.kubeconfig(name), zone, region)?
-            .status
-            .success()
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
     );
+    hub_account_is_kept_out_of_system_namespaces(&lab, &hub, name).await?;
 
     let hub_process = Hub::start(&lab)?;
     let port = hub_process.port;

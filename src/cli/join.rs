@@ -104,6 +104,11 @@ pub struct JoinOptions {
     /// `serviceaccounts`). Repeatable; run `join` again to add kinds later.
     #[arg(long = "federate", value_name = "RESOURCE.GROUP")]
     pub federate: Vec<String>,
+    /// A namespace of the member the hub may never write in, besides `kube-*` and
+    /// `bulkhead-system` (repeatable): a name, or a prefix ending in `*`. Enforced by the
+    /// member's API server (the ValidatingAdmissionPolicy `bulkhead-hub-guard`).
+    #[arg(long = "protect-namespace", value_name = "NAMESPACE")]
+    pub protect_namespaces: Vec<String>,
 }
 
 /// `bulkhead unjoin` options.
@@ -325,6 +330,20 @@ fn join_permissions() -> Vec<ResourceAttributes> {
             "create",
             "apiextensions.k8s.io",
             "customresourcedefinitions",
+            None,
+            None,
+        ),
+        attr(
+            "patch",
+            "admissionregistration.k8s.io",
+            "validatingadmissionpolicies",
+            None,
+            None,
+        ),
+        attr(
+            "patch",
+            "admissionregistration.k8s.io",
+            "validatingadmissionpolicybindings",
             None,
             None,
         ),
@@ -615,6 +634,48 @@ async fn install_in_member(member: &Client, federate: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// Applies the ValidatingAdmissionPolicy that keeps the hub's account out of `kube-*`,
+/// `bulkhead-system` and `protected` in the member (`member_guard`). A member whose API
+/// server does not serve the kind (Kubernetes < 1.30) is told and joined without it.
+async fn install_guard(member: &Client, name: &str, protected: &[String]) -> Result<()> {
+    use super::member_guard;
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let policy = apply(
+        &Api::<ValidatingAdmissionPolicy>::all(member.clone()),
+        member_guard::NAME,
+        &member_guard::policy(protected),
+    )
+    .await;
+    if let Err(error) = &policy
+        && error
+            .chain()
+            .any(|e| matches!(e.downcast_ref::<kube::Error>(), Some(kube::Error::Api(s)) if s.code == 404))
+    {
+        eprintln!(
+            "warning: member {name} does not serve ValidatingAdmissionPolicies (Kubernetes >= 1.30 does): the hub's account is kept out of kube-* and {SYSTEM_NAMESPACE} there only by the hub itself"
+        );
+        return Ok(());
+    }
+    policy?;
+    apply(
+        &Api::<ValidatingAdmissionPolicyBinding>::all(member.clone()),
+        member_guard::NAME,
+        &member_guard::binding(),
+    )
+    .await?;
+    eprintln!(
+        "the hub may not write in kube-*, {SYSTEM_NAMESPACE}{} of {name} (ValidatingAdmissionPolicy {})",
+        protected
+            .iter()
+            .map(|p| format!(", {p}"))
+            .collect::<String>(),
+        member_guard::NAME
+    );
+    Ok(())
+}
+
 /// Mints a token for the hub's service account; returns it and its expiry.
 async fn mint_token(member: &Client, seconds: i64) -> Result<(String, String)> {
     let request = TokenRequest {
@@ -677,8 +738,9 @@ async fn verify_hub_kubeconfig(text: &str) -> Result<()> {
 
 /// Runs `bulkhead join`.
 pub async fn join(options: &JoinOptions) -> Result<()> {
-    // A wrong --federate is refused before anything is changed.
+    // A wrong --federate or --protect-namespace is refused before anything is changed.
     hub_cluster_role_with(&options.federate)?;
+    super::member_guard::check_protected(&options.protect_namespaces)?;
     let name = &options.name;
     let endpoint = member_endpoint(&options.kubeconfig, options.context.as_deref())?;
     if crate::hub::membership::credentials::is_plain_http(&endpoint.server)
@@ -773,6 +835,11 @@ pub async fn join(options: &JoinOptions) -> Result<()> {
         .await
         .with_context(|| {
             format!("installing the hub's access in member {name}; nothing was changed on the hub")
+        })?;
+    install_guard(&member, name, &options.protect_namespaces)
+        .await
+        .with_context(|| {
+            format!("installing the hub's namespace guard in member {name}; nothing was changed on the hub")
         })?;
     if options.install_agent {
         install_agent(&member, &options.agent_image)
@@ -944,6 +1011,22 @@ pub async fn unjoin(options: &UnjoinOptions) -> Result<()> {
                 .await
                 .map(|_| ()),
             "ClusterRole bulkhead-agent",
+        )?;
+        ignore_missing(
+            Api::<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding>::all(member.clone())
+                .delete(super::member_guard::NAME, &dp)
+                .await
+                .map(|_| ()),
+            "ValidatingAdmissionPolicyBinding bulkhead-hub-guard",
+        )?;
+        ignore_missing(
+            Api::<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy>::all(
+                member.clone(),
+            )
+            .delete(super::member_guard::NAME, &dp)
+            .await
+            .map(|_| ()),
+            "ValidatingAdmissionPolicy bulkhead-hub-guard",
         )?;
         let namespaces = Api::<Namespace>::all(member.clone());
         ignore_missing(

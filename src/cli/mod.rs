@@ -4,6 +4,7 @@ pub mod agent_install;
 pub mod crd;
 pub mod get;
 pub mod join;
+pub mod member_guard;
 pub mod plan;
 
 use clap::{Parser, Subcommand};
