@@ -176,6 +176,12 @@ async fn the_chart_lints_renders_for_the_api_server_and_refuses_wrong_values() -
         ("replicas=2", "additional properties 'replicas' not allowed"),
         ("webhook.certificates.mode=selfSigned", "mode"),
         ("leaderElection.enabled=maybe", "enabled"),
+        // Inside the Kubernetes-shaped values too.
+        ("resources.requests.cpu=lots", "/resources/requests/cpu"),
+        ("tolerations[0].operator=Maybe", "/tolerations/0/operator"),
+        ("hub.extraEnv[0].value=x", "/hub/extraEnv/0"),
+        ("topologySpreadConstraints[0].maxSkew=1", "whenUnsatisfiable"),
+        ("protectBindings.extraWriters[0]=it's", "/protectBindings/extraWriters/0"),
     ] {
         let args = [
             "template",
