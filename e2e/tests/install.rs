@@ -180,8 +180,14 @@ async fn the_chart_lints_renders_for_the_api_server_and_refuses_wrong_values() -
         ("resources.requests.cpu=lots", "/resources/requests/cpu"),
         ("tolerations[0].operator=Maybe", "/tolerations/0/operator"),
         ("hub.extraEnv[0].value=x", "/hub/extraEnv/0"),
-        ("topologySpreadConstraints[0].maxSkew=1", "whenUnsatisfiable"),
-        ("protectBindings.extraWriters[0]=it's", "/protectBindings/extraWriters/0"),
+        (
+            "topologySpreadConstraints[0].maxSkew=1",
+            "whenUnsatisfiable",
+        ),
+        (
+            "protectBindings.extraWriters[0]=it's",
+            "/protectBindings/extraWriters/0",
+        ),
     ] {
         let args = [
             "template",
@@ -486,7 +492,9 @@ async fn the_hub_with_the_charts_service_account_propagates_and_fails_over_witho
         .context("the hub process did not create the webhook certificate Secret")?;
     let keys: Vec<String> = certificates.data.unwrap_or_default().into_keys().collect();
     ensure!(
-        keys == ["ca.crt", "ca.key", "tls.crt", "tls.key"],
+        ["ca.crt", "ca.key", "tls.crt", "tls.key"]
+            .iter()
+            .all(|k| keys.iter().any(|key| key == k)),
         "the certificate Secret holds {keys:?}"
     );
     // Bindings are the hub's: the chart's admission policy refuses anyone else's write,

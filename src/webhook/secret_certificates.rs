@@ -11,7 +11,9 @@
 //! Renewal happens when a third of a certificate's lifetime is left. A new CA goes into
 //! the bundle first and signs the serving certificate only [`PROPAGATION`] later (the
 //! webhook configurations and the CRD conversion carry the new bundle by then), so no
-//! admission ever meets a certificate its API server does not trust yet.
+//! admission ever meets a certificate its API server does not trust yet; a serving
+//! certificate due in that window is signed by the previous CA, kept with its key
+//! (`ca-previous.crt`, `ca-previous.key`) until it expires.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,6 +33,10 @@ use super::tls::{CertificateAuthority, CertificateStore, TlsError, Validity, cer
 /// The Secret's keys.
 pub const CA_BUNDLE: &str = "ca.crt";
 pub const CA_KEY: &str = "ca.key";
+/// The CA before the current one and its key, kept while the current one is too new to
+/// sign (API servers may not trust it yet).
+pub const PREVIOUS_CA_CERT: &str = "ca-previous.crt";
+pub const PREVIOUS_CA_KEY: &str = "ca-previous.key";
 pub const TLS_CERT: &str = "tls.crt";
 pub const TLS_KEY: &str = "tls.key";
 
@@ -56,9 +62,14 @@ pub struct Lifetimes {
 pub struct Contents {
     pub bundle: String,
     pub ca_key: String,
+    /// Empty unless a CA was renewed and the earlier one has not expired.
+    pub previous_ca: String,
+    pub previous_ca_key: String,
     pub cert: String,
     pub key: String,
 }
+
+const MOVES_TO_THE_CURRENT_CA: &str = "the serving certificate moves to the current CA";
 
 /// What to do with the Secret.
 #[derive(Debug)]
@@ -182,9 +193,17 @@ pub fn plan(
     let usable_ca = bundle.first().filter(|ca| {
         CertificateAuthority::from_pem(&ca.pem, &current.ca_key).is_ok() && !due(ca, now)
     });
+    // The CA before it: kept from the Secret, or the one being replaced now.
+    let mut previous = (!current.previous_ca.is_empty())
+        .then(|| (current.previous_ca.clone(), current.previous_ca_key.clone()));
     let (ca, ca_key, ca_since) = match usable_ca {
         Some(ca) => (ca.pem.clone(), current.ca_key.clone(), ca.not_before),
         None => {
+            if let Some(old) = bundle.first()
+                && CertificateAuthority::from_pem(&old.pem, &current.ca_key).is_ok()
+            {
+                previous = Some((old.pem.clone(), current.ca_key.clone()));
+            }
             why.push(match bundle.first() {
                 None => "there is no CA".to_string(),
                 Some(ca) if due(ca, now) => {
@@ -223,6 +242,25 @@ pub fn plan(
     let new_bundle: String = std::iter::once(ca.clone())
         .chain(earlier.iter().map(|b| b.pem.clone()))
         .collect();
+    // Until the current CA is old enough for every API server to trust it, the serving
+    // certificate is signed by the previous CA (while that one has a quarter of the
+    // serving lifetime left); the previous CA is forgotten once it expired.
+    let settled = at(ca_since, BACKDATE + PROPAGATION) <= now;
+    let previous = previous.filter(|(pem, key)| {
+        blocks(pem).first().is_some_and(|b| b.not_after > now)
+            && CertificateAuthority::from_pem(pem, key).is_ok()
+    });
+    let signer = match &previous {
+        Some((pem, key))
+            if !settled
+                && blocks(pem)
+                    .first()
+                    .is_some_and(|b| b.not_after > at(now, lifetimes.serving / 4)) =>
+        {
+            (pem.clone(), key.clone())
+        }
+        _ => (ca.clone(), ca_key.clone()),
+    };
 
     // The serving certificate.
     let serving = blocks(&current.cert).into_iter().next();
@@ -253,18 +291,21 @@ pub fn plan(
                 .iter()
                 .find(|b| signed_by(&s.pem, &b.pem))
                 .map(|b| b.not_after);
-            let settled = at(ca_since, BACKDATE + PROPAGATION) <= now;
             let issuer_ending = issuer_expires.is_some_and(|t| t <= at(now, PROPAGATION));
-            (settled || issuer_ending)
-                .then(|| "the serving certificate moves to the current CA".to_string())
+            (settled || issuer_ending).then(|| MOVES_TO_THE_CURRENT_CA.to_string())
         }
         Some(_) => None,
     };
     let (cert, key) = match reissue {
         Some(reason) => {
+            let signer = if reason == MOVES_TO_THE_CURRENT_CA {
+                (ca.clone(), ca_key.clone())
+            } else {
+                signer
+            };
             why.push(reason);
-            let authority = CertificateAuthority::from_pem(&ca, &ca_key)?;
-            let ca_not_after = blocks(&ca).first().map(|b| b.not_after);
+            let authority = CertificateAuthority::from_pem(&signer.0, &signer.1)?;
+            let ca_not_after = blocks(&signer.0).first().map(|b| b.not_after);
             let not_after = at(now, lifetimes.serving);
             let issued = authority.issue_server_valid(
                 sans,
@@ -277,9 +318,12 @@ pub fn plan(
         }
         None => (current.cert.clone(), current.key.clone()),
     };
+    let (previous_ca, previous_ca_key) = previous.unwrap_or_default();
     let contents = Contents {
         bundle: new_bundle,
         ca_key,
+        previous_ca,
+        previous_ca_key,
         cert,
         key,
     };
@@ -308,6 +352,8 @@ fn contents_of(secret: &Secret) -> Contents {
     Contents {
         bundle: text(secret, CA_BUNDLE),
         ca_key: text(secret, CA_KEY),
+        previous_ca: text(secret, PREVIOUS_CA_CERT),
+        previous_ca_key: text(secret, PREVIOUS_CA_KEY),
         cert: text(secret, TLS_CERT),
         key: text(secret, TLS_KEY),
     }
@@ -317,10 +363,13 @@ fn data(contents: &Contents) -> std::collections::BTreeMap<String, ByteString> {
     [
         (CA_BUNDLE, &contents.bundle),
         (CA_KEY, &contents.ca_key),
+        (PREVIOUS_CA_CERT, &contents.previous_ca),
+        (PREVIOUS_CA_KEY, &contents.previous_ca_key),
         (TLS_CERT, &contents.cert),
         (TLS_KEY, &contents.key),
     ]
     .into_iter()
+    .filter(|(_, v)| !v.is_empty())
     .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
     .collect()
 }
@@ -564,6 +613,53 @@ mod tests {
         let (pruned, _) = written(plan(Some(&moved), &sans(), short, after).unwrap());
         assert_eq!(blocks(&pruned.bundle)[0].pem, bundle[0].pem);
         assert!(!pruned.bundle.contains(&old_ca));
+    }
+
+    #[test]
+    fn a_serving_certificate_due_while_the_new_ca_is_too_new_is_signed_by_the_previous_one() {
+        let short = Lifetimes {
+            serving: 30 * DAY,
+            ca: 90 * DAY,
+        };
+        let start = OffsetDateTime::now_utc();
+        let contents = written(plan(None, &sans(), short, start).unwrap()).0;
+        let day = |d: i64| start + time::Duration::days(d);
+        // Day 50: the serving certificate renewed (valid to day 80); day 61: the CA due.
+        let mid = written(plan(Some(&contents), &sans(), short, day(50)).unwrap()).0;
+        let rotated = written(plan(Some(&mid), &sans(), short, day(61)).unwrap()).0;
+        assert_eq!(rotated.previous_ca, blocks(&contents.bundle)[0].pem);
+        assert_eq!(rotated.cert, mid.cert);
+        // Pretend the serving certificate is due 20 s after the rotation: it is renewed,
+        // by the previous CA, since API servers may not trust the new one yet.
+        let mut due_now = rotated.clone();
+        let soon = day(61) + time::Duration::seconds(20);
+        let old = CertificateAuthority::from_pem(&rotated.previous_ca, &rotated.previous_ca_key)
+            .unwrap()
+            .issue_server_valid(
+                &sans(),
+                Validity {
+                    not_before: soon - time::Duration::minutes(5),
+                    not_after: soon + time::Duration::seconds(30),
+                },
+            )
+            .unwrap();
+        due_now.cert = old.cert_pem;
+        due_now.key = old.key_pem;
+        let (renewed, why) = written(plan(Some(&due_now), &sans(), short, soon).unwrap());
+        assert!(why.contains("expires"), "{why}");
+        assert!(
+            signed_by(&renewed.cert, &rotated.previous_ca),
+            "signed by the previous CA"
+        );
+        // Once settled, it moves to the new CA, and the previous one is kept until it
+        // expires.
+        let later = day(61) + time::Duration::seconds(70);
+        let (moved, why) = written(plan(Some(&renewed), &sans(), short, later).unwrap());
+        assert!(why.contains("moves to the current CA"), "{why}");
+        assert!(signed_by(&moved.cert, &blocks(&moved.bundle)[0].pem));
+        assert_eq!(moved.previous_ca, rotated.previous_ca);
+        let expired = written(plan(Some(&moved), &sans(), short, day(91)).unwrap()).0;
+        assert!(expired.previous_ca.is_empty() && expired.previous_ca_key.is_empty());
     }
 
     #[test]
