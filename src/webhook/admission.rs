@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use kube::core::DynamicObject;
-use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
@@ -51,27 +51,19 @@ pub enum Hook {
 
 /// Decodes a review body; a body that is not an AdmissionReview is an error message.
 pub fn decode(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, String> {
-    // Parsed whole first: a typed parse skips unknown fields without checking them, and
-    // a body that is not JSON must be refused, not half-read.
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| format!("the body is not an AdmissionReview: {e}"))?;
-    super::require_request_object(&value, "AdmissionReview")?;
-    let review: AdmissionReview<DynamicObject> = serde_json::from_value(value)
-        .map_err(|e| format!("the body is not an AdmissionReview: {e}"))?;
+    let (types, mut request): (_, AdmissionRequest<DynamicObject>) =
+        super::read_review(body, "AdmissionReview")?;
     // The configurations ask for v1 only; the answer echoes the request's type.
-    if (
-        review.types.api_version.as_str(),
-        review.types.kind.as_str(),
-    ) != ("admission.k8s.io/v1", "AdmissionReview")
+    if (types.api_version.as_str(), types.kind.as_str())
+        != ("admission.k8s.io/v1", "AdmissionReview")
     {
         return Err(format!(
             "the body is a {:?} {:?}, not an admission.k8s.io/v1 AdmissionReview",
-            review.types.api_version, review.types.kind
+            types.api_version, types.kind
         ));
     }
-    review
-        .try_into()
-        .map_err(|_| "the AdmissionReview has no request".to_string())
+    request.types = types;
+    Ok(request)
 }
 
 fn typed<T: DeserializeOwned>(object: &Value, what: &str) -> Result<T, String> {

@@ -135,27 +135,19 @@ pub fn convert(object: Value, desired: &str) -> Result<Value, String> {
 
 /// Answers a ConversionReview body.
 pub fn review(body: &[u8]) -> Result<Vec<u8>, String> {
-    use kube::core::conversion::{ConversionRequest, ConversionResponse, ConversionReview};
-    // Parsed whole first: a typed parse skips unknown fields without checking them, and
-    // a body that is not JSON must be refused, not half-read.
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| format!("the body is not a ConversionReview: {e}"))?;
-    super::require_request_object(&value, "ConversionReview")?;
-    let review: ConversionReview = serde_json::from_value(value)
-        .map_err(|e| format!("the body is not a ConversionReview: {e}"))?;
+    use kube::core::conversion::{ConversionRequest, ConversionResponse};
+    let (types, mut request): (_, ConversionRequest) =
+        super::read_review(body, "ConversionReview")?;
     // The CRD asks for v1 only; the answer echoes the request's type.
-    if (
-        review.types.api_version.as_str(),
-        review.types.kind.as_str(),
-    ) != ("apiextensions.k8s.io/v1", "ConversionReview")
+    if (types.api_version.as_str(), types.kind.as_str())
+        != ("apiextensions.k8s.io/v1", "ConversionReview")
     {
         return Err(format!(
             "the body is a {:?} {:?}, not an apiextensions.k8s.io/v1 ConversionReview",
-            review.types.api_version, review.types.kind
+            types.api_version, types.kind
         ));
     }
-    let request = ConversionRequest::from_review(review)
-        .map_err(|_| "the ConversionReview has no request".to_string())?;
+    request.types = Some(types);
     let desired = request.desired_api_version.clone();
     let converted: Result<Vec<Value>, String> = request
         .objects
@@ -309,8 +301,11 @@ mod tests {
         ] {
             let body = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview", "request": request});
             let error = review(&serde_json::to_vec(&body).unwrap()).unwrap_err();
-            assert!(error.contains("request"), "{error}");
+            assert!(error.contains("ConversionReview"), "{error}");
         }
+        let body = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview", "request": ["", "", [null, null]]});
+        let error = review(&serde_json::to_vec(&body).unwrap()).unwrap_err();
+        assert!(error.contains("request as a JSON object"), "{error}");
         let body = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview",
                           "request": {"uid": "u", "desiredAPIVersion": "", "objects": [null]}});
         let answer: Value =

@@ -84,24 +84,66 @@ fn metric_kind(kind: &str) -> String {
     }
 }
 
-/// Refuses a review whose `request` is not an object with a string `uid`. Serde reads a
-/// struct from a JSON array too (`"request": ["", "", []]`), which the API server never
-/// sends; such a body must get a 400, not an answer that echoes a made-up uid.
-fn require_request_object(
-    review: &serde_json::Value,
-    what: &str,
-) -> std::result::Result<(), String> {
-    match review.get("request") {
-        Some(serde_json::Value::Object(request))
-            if request.get("uid").is_some_and(|u| u.is_string()) =>
-        {
-            Ok(())
+/// A review as the API server sends it (`apiVersion`, `kind`, `request`). Serde would
+/// read a struct from a JSON array too (`"request": ["", "", []]`), which the API server
+/// never sends: `request` must be a JSON object.
+#[derive(serde::Deserialize)]
+struct Envelope<R> {
+    #[serde(rename = "apiVersion", default)]
+    api_version: String,
+    #[serde(default)]
+    kind: String,
+    #[serde(default = "Option::default")]
+    request: Option<ObjectOnly<R>>,
+}
+
+/// A value that deserializes only from a JSON object.
+struct ObjectOnly<T>(T);
+
+impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for ObjectOnly<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(
+        deserializer: D,
+    ) -> std::result::Result<Self, D::Error> {
+        struct Visit<T>(std::marker::PhantomData<T>);
+        impl<'de, T: serde::Deserialize<'de>> serde::de::Visitor<'de> for Visit<T> {
+            type Value = T;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("the review's request as a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> std::result::Result<T, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+            }
         }
-        Some(serde_json::Value::Object(_)) => Err(format!(
-            "the {what}'s request has no string uid; the API server always sends one"
-        )),
-        _ => Err(format!("the {what} has no request object")),
+        deserializer
+            .deserialize_map(Visit(std::marker::PhantomData))
+            .map(ObjectOnly)
     }
+}
+
+/// Reads a review body: its `apiVersion`/`kind` and its request. Errors name `what`
+/// (AdmissionReview, ConversionReview) and what is wrong. Parsed whole into a JSON value
+/// first: a typed parse skips unknown fields without checking them (the fuzz tests found
+/// invalid UTF-8 inside a skipped field accepted), and a body that is not JSON must be
+/// refused, not half-read.
+fn read_review<R: serde::de::DeserializeOwned>(
+    body: &[u8],
+    what: &str,
+) -> std::result::Result<(kube::core::TypeMeta, R), String> {
+    let value: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| format!("the body is not a {what}: {e}"))?;
+    let envelope: Envelope<R> =
+        serde_json::from_value(value).map_err(|e| format!("the body is not a {what}: {e}"))?;
+    let types = kube::core::TypeMeta {
+        api_version: envelope.api_version,
+        kind: envelope.kind,
+    };
+    let request = envelope
+        .request
+        .ok_or_else(|| format!("the {what} has no request"))?;
+    Ok((types, request.0))
 }
 
 /// `bulkhead webhook` options.
