@@ -11,6 +11,18 @@
 //! pool keeps an idle connection 90 s. Here a read buffer grows to at most
 //! [`MAX_READ_BUFFER`] (a larger response takes more reads, not more memory), and an idle
 //! connection closes after the caller's `idle`.
+//!
+//! No request lands late. A request sent while the path to the API server drops packets
+//! sits in the kernel's send queue, and TCP retransmits it with growing pauses: the 60-minute
+//! chaos run found a hub's DELETE of a database copy executed 7 s after it was sent (and
+//! after its sender had given up), and an apply that re-created a copy 9 s after the
+//! hub had deleted it, sent by a hub that had been killed meanwhile (the kernel goes on
+//! sending what a closed socket still holds). So every connection closes abortively
+//! (`SO_LINGER` 0: a dropped or closed connection, or a killed process, discards what it
+//! had not delivered), and with [`Limits::unacknowledged`] (member clients) the kernel
+//! aborts a connection whose sent data is not acknowledged within that time
+//! (`TCP_USER_TIMEOUT`), discarding the request instead of delivering it after a
+//! partition heals.
 
 use std::time::Duration;
 
@@ -39,6 +51,10 @@ pub struct Limits {
     /// sent (inside the in-flight limit, so waiting for a turn does not count). None: no
     /// deadline beyond the connection's read timeout.
     pub request_timeout: Option<Duration>,
+    /// How long sent data may stay unacknowledged before the kernel aborts the
+    /// connection and discards it (`TCP_USER_TIMEOUT`, Linux). None: the kernel's default
+    /// (many minutes of retransmissions).
+    pub unacknowledged: Option<Duration>,
 }
 
 impl Limits {
@@ -47,6 +63,7 @@ impl Limits {
         idle: BULK_IDLE,
         in_flight: None,
         request_timeout: None,
+        unacknowledged: None,
     };
 }
 
@@ -64,7 +81,8 @@ pub fn build_gated(
 ) -> Result<Client, kube::Error> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
-    let https = config.rustls_https_connector_with_connector(http)?;
+    http.set_tcp_user_timeout(limits.unacknowledged);
+    let https = config.rustls_https_connector_with_connector(AbortOnClose(http))?;
     let mut connector = hyper_timeout::TimeoutConnector::new(https);
     connector.set_connect_timeout(config.connect_timeout);
     connector.set_read_timeout(config.read_timeout);
@@ -102,6 +120,36 @@ pub fn build_gated(
     Ok(builder.build())
 }
 
+/// [`HttpConnector`], its connections set to close abortively (`SO_LINGER` 0): what a
+/// dropped connection, or the socket of a killed process, had not delivered is discarded,
+/// never sent later.
+#[derive(Clone)]
+struct AbortOnClose(HttpConnector);
+
+impl tower::Service<http::Uri> for AbortOnClose {
+    type Response = hyper_util::rt::TokioIo<tokio::net::TcpStream>;
+    type Error = BoxError;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, BoxError>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), BoxError>> {
+        self.0.poll_ready(cx).map_err(BoxError::from)
+    }
+
+    fn call(&mut self, uri: http::Uri) -> Self::Future {
+        let connecting = self.0.call(uri);
+        Box::pin(async move {
+            let io = connecting.await.map_err(BoxError::from)?;
+            io.inner().set_zero_linger()?;
+            Ok(io)
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,6 +183,7 @@ current-context: x
                 idle: Duration::from_secs(1),
                 in_flight: Some(2),
                 request_timeout: Some(Duration::from_millis(200)),
+                unacknowledged: Some(Duration::from_secs(1)),
             },
         )
         .unwrap();

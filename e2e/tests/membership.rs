@@ -427,6 +427,62 @@ async fn hub_account_is_kept_out_of_system_namespaces(
     Ok(())
 }
 
+/// A write the hub sends into a partition is discarded, never delivered once the partition
+/// heals: the member clients abort a connection whose data goes unacknowledged for
+/// `UNACKNOWLEDGED` (TCP would otherwise retransmit it for minutes, and the 60-minute chaos
+/// run saw a DELETE land 7 s and an apply 9 s after they were sent).
+#[tokio::test]
+async fn a_write_sent_into_a_partition_never_lands_after_the_heal() -> Result<()> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let lab = support::lab().await?;
+    let namespace = TestNamespace::create(&lab, "late-write", &["east"]).await?;
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(lab.kubeconfig("east"))?,
+        &Default::default(),
+    )
+    .await?;
+    // As the hub builds a member's clients.
+    let client = bulkhead::client::build(
+        config,
+        bulkhead::client::Limits {
+            idle: Duration::from_secs(30),
+            in_flight: Some(4),
+            request_timeout: Some(Duration::from_secs(5)),
+            unacknowledged: Some(bulkhead::hub::membership::members::UNACKNOWLEDGED),
+        },
+    )?;
+    let api = Api::<ConfigMap>::namespaced(client.clone(), &namespace.name);
+    // A connection in the pool first, as the hub's would be.
+    api.list(&Default::default()).await?;
+    let partition = Partition::start(&lab, "east")?;
+    let config_map: ConfigMap = serde_json::from_value(
+        serde_json::json!({"metadata": {"name": "sent-into-the-partition"}}),
+    )?;
+    let sent = Instant::now();
+    let outcome = api.create(&PostParams::default(), &config_map).await;
+    eprintln!(
+        "the create sent into the partition ended after {:?}: {:?}",
+        sent.elapsed(),
+        outcome.as_ref().map(|_| "created")
+    );
+    assert!(
+        outcome.is_err(),
+        "a create through a partition cannot succeed"
+    );
+    // Long enough for TCP's retransmissions to be pending, then heal and give them time.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    partition.heal()?;
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let admin = Api::<ConfigMap>::namespaced(lab.client("east").await?, &namespace.name);
+    assert!(
+        admin.get_opt("sent-into-the-partition").await?.is_none(),
+        "the create sent into the partition landed after the heal"
+    );
+    // The same client works again.
+    api.list(&Default::default()).await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn members_join_are_probed_tainted_zoned_leased_and_unjoin_cleanly() -> Result<()> {
     let lab = support::lab().await?;

@@ -137,6 +137,14 @@ pub async fn client_from_kubeconfig(text: &str) -> Result<(Client, String), Stri
     ))
 }
 
+/// How long a request sent to a member may go unacknowledged by the member's kernel before
+/// the connection is aborted and the request discarded (`TCP_USER_TIMEOUT`). The stateful
+/// rules judge a delete or shrink against evidence at most a renew interval old: a
+/// request that reached the member many seconds later (TCP retransmitting it after a
+/// partition healed) would act on evidence long stale. An API server's kernel acknowledges
+/// within a round trip, so a second without one means the path is broken.
+pub const UNACKNOWLEDGED: Duration = Duration::from_secs(1);
+
 /// How long an unused connection of a member's control client stays open: longer than
 /// the longest probe interval, so probes do not open a connection each time.
 const CONTROL_IDLE: Duration = Duration::from_secs(90);
@@ -206,6 +214,7 @@ fn bounded_client(
             idle,
             in_flight: Some(in_flight),
             request_timeout: Some(REQUEST_TIMEOUT),
+            unacknowledged: Some(UNACKNOWLEDGED),
         },
         leadership.cloned(),
     )
