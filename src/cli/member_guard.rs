@@ -54,7 +54,7 @@ fn forbidden(protected: &[String]) -> String {
     let mut parts = vec![
         "request.namespace.startsWith('kube-')".to_string(),
         format!(
-            "(request.namespace == {} && !(request.resource.group == 'coordination.k8s.io' && request.resource.resource == 'leases') && !(request.resource.resource == 'serviceaccounts' && request.subResource == 'token'))",
+            "(request.namespace == {} && !(request.resource.group == 'coordination.k8s.io' && request.resource.resource == 'leases') && !(request.resource.resource == 'serviceaccounts' && has(request.subResource) && request.subResource == 'token'))",
             quoted(SYSTEM_NAMESPACE)
         ),
     ];
@@ -92,7 +92,8 @@ pub fn policy(protected: &[String]) -> ValidatingAdmissionPolicy {
                 resource_rules: Some(vec![NamedRuleWithOperations {
                     api_groups: Some(vec!["*".into()]),
                     api_versions: Some(vec!["*".into()]),
-                    resources: Some(vec!["*".into(), "*/*".into()]),
+                    // Every resource and subresource ("*/*" may not be listed with others).
+                    resources: Some(vec!["*/*".into()]),
                     operations: Some(vec!["CREATE".into(), "UPDATE".into(), "DELETE".into()]),
                     scope: Some("Namespaced".into()),
                     ..Default::default()
@@ -107,7 +108,7 @@ pub fn policy(protected: &[String]) -> ValidatingAdmissionPolicy {
             validations: Some(vec![Validation {
                 expression: format!("!({})", forbidden(protected)),
                 message_expression: Some(format!(
-                    "'the Bulkhead hub ({user}) may not ' + request.operation + ' ' + request.resource.resource + (request.subResource != \"\" ? \"/\" + request.subResource : \"\") + ' ' + request.name + ' in namespace ' + request.namespace + ' of this member: kube-*, {SYSTEM_NAMESPACE} and the namespaces bulkhead join --protect-namespace named are never written by the hub (the policy {NAME}); propagate into another namespace'"
+                    "'the Bulkhead hub ({user}) may not ' + request.operation + ' ' + request.resource.resource + (has(request.subResource) ? '/' + request.subResource : '') + ' ' + request.name + ' in namespace ' + request.namespace + ' of this member: kube-*, {SYSTEM_NAMESPACE} and the namespaces bulkhead join --protect-namespace named are never written by the hub (the policy {NAME}); propagate into another namespace'"
                 )),
                 reason: Some("Forbidden".into()),
                 ..Default::default()
