@@ -219,6 +219,23 @@ async fn a_configmap_and_a_secret_follow_their_deployment_and_leave_with_it() ->
             .await
             .is_empty()
     );
+
+    // A copy that lands after it left (an apply in flight when the last workload went,
+    // or one a previous leader sent) leaves too: without a workload and without a
+    // cluster in its binding, the dependency is still cleaned up (the chaos run of seed
+    // 972758673 found such copies left for good).
+    let late = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "settings", "namespace": ns, "labels": copy.metadata.labels},
+        "data": {"mode": "fast"}});
+    federation
+        .api("west", &config_maps())
+        .patch(
+            "settings",
+            &PatchParams::apply("bulkhead-hub").force(),
+            &Patch::Apply(late),
+        )
+        .await?;
+    wait_holders(&federation, &config_maps(), "settings", &[]).await?;
     Ok(())
 }
 

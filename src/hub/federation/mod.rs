@@ -636,6 +636,12 @@ fn build_dependency_graph(context: &Context) {
         // One template parsed at a time (10,000 parsed at once would be the hub's
         // largest peak).
         context.stores.templates[kind].each(|template: DynamicObject| {
+            // A template being deleted needs nothing any more (its reconcile tells the
+            // graph so): counted here, it would bring back to its clusters a dependency
+            // that already left them.
+            if template.metadata.deletion_timestamp.is_some() {
+                return;
+            }
             let key = template_key(kind, &template);
             let reference = matching::TemplateRef::of(resource, &template);
             let chosen = matching::choose_policy(&reference, &candidates);

@@ -908,13 +908,18 @@ fn following(
         clusters.iter().cloned().collect()
     };
     if restrict.is_empty() {
-        // It has left every cluster. A copy in a cluster that was unreachable when it left
-        // is still recorded for cleanup: the kept decision (no cluster) lets the plan
-        // delete it once the cluster is back (the chaos run found such a ConfigMap copy
-        // left for good).
-        return existing
-            .filter(|b| !pending_cleanups(Some(b)).is_empty())
-            .and_then(kept_decision);
+        // It has left every cluster. The kept decision (no cluster) lets the plan delete
+        // what copies are still there: one in a cluster that was unreachable when it left
+        // (recorded for cleanup), and one the decision could not see: an apply in flight
+        // when the last workload left, or one a previous leader sent, lands after it (the
+        // chaos runs found such ConfigMap copies left for good).
+        let settled = existing.is_none_or(|b| pending_cleanups(Some(b)).is_empty())
+            && nothing_to_clean_up(context, key, resource, views);
+        return if settled {
+            None
+        } else {
+            existing.and_then(kept_decision)
+        };
     }
     // Every taint is tolerated: the workloads' own placement (their policies' tolerations
     // and failover timing) already chose these clusters. A toleration of its own would
