@@ -149,10 +149,9 @@ pub fn review(body: &[u8]) -> Result<Vec<u8>, String> {
     }
     request.types = Some(types);
     let desired = request.desired_api_version.clone();
-    let converted: Result<Vec<Value>, String> = request
-        .objects
-        .iter()
-        .cloned()
+    // The objects move out of the request (the response needs only its uid).
+    let converted: Result<Vec<Value>, String> = std::mem::take(&mut request.objects)
+        .into_iter()
         .map(|o| convert(o, &desired))
         .collect();
     let response = ConversionResponse::for_request(request);
