@@ -913,8 +913,10 @@ fn following(
         // (recorded for cleanup), and one the decision could not see: an apply in flight
         // when the last workload left, or one a previous leader sent, lands after it (the
         // chaos runs found such ConfigMap copies left for good).
+        // A claim is data: a copy of one never recorded is not deleted on a guess.
         let settled = existing.is_none_or(|b| pending_cleanups(Some(b)).is_empty())
-            && nothing_to_clean_up(context, key, resource, views);
+            && (!follow::leaves_when_unreferenced(&object)
+                || nothing_to_clean_up(context, key, resource, views));
         return if settled {
             None
         } else {
