@@ -357,6 +357,8 @@ fn start_watches(client: &Client, kinds: &Kinds, cluster: &str) -> (ClusterCopie
         let mut seen = SeenCopies::default();
         stores.push((resource.clone(), store.clone()));
         let api = Api::<DynamicObject>::all_with(client.clone(), resource);
+        let (probe_client, probe_api) = (client.clone(), api.clone());
+        let recorded = unavailable.clone();
         let config = watcher::Config::default()
             .labels(&managed_selector())
             .page_size(crate::hub::federation::LIST_PAGE);
@@ -371,8 +373,26 @@ fn start_watches(client: &Client, kinds: &Kinds, cluster: &str) -> (ClusterCopie
                         store.apply(event);
                     }
                 })
-                .map(move |event| {
-                    if note_availability(&unavailable, &cluster, kind, &what, &event) {
+                .then(move |event| {
+                    // A refusal not recorded yet is confirmed before it counts.
+                    let confirm = refusal(&event)
+                        .filter(|_| {
+                            !recorded
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .contains_key(&kind)
+                        })
+                        .map(|code| (probe_client.clone(), probe_api.clone(), code));
+                    async move {
+                        let settled = match confirm {
+                            Some((client, api, code)) => refusal_settled(&client, &api, code).await,
+                            None => true,
+                        };
+                        (event, settled)
+                    }
+                })
+                .map(move |(event, settled)| {
+                    if note_availability(&unavailable, &cluster, kind, &what, &event, settled) {
                         // Now counted as listed (and empty): its templates may go on.
                         return Some(CopyEvent::Relisted {
                             cluster: cluster.clone(),
@@ -447,23 +467,70 @@ pub fn slim_copy(object: &mut DynamicObject, interpretation: &Interpretation) {
     object.data = serde_json::Value::Object(data);
 }
 
-/// Records a kind the member refuses to list (403: the hub's role there does not cover
-/// it; 404: the member does not serve it), and forgets it once a list succeeds.
-/// Returns whether the kind just became unavailable.
+/// The status code of a watch event that is the member refusing to list the kind (403:
+/// the hub's role there does not cover it; 404: the member does not serve it).
+fn refusal(event: &Result<watcher::Event<DynamicObject>, watcher::Error>) -> Option<u16> {
+    match event {
+        Err(
+            watcher::Error::InitialListFailed(kube::Error::Api(status))
+            | watcher::Error::WatchStartFailed(kube::Error::Api(status)),
+        ) if status.code == 403 || status.code == 404 => Some(status.code),
+        _ => None,
+    }
+}
+
+/// The longest the confirmation of a refusal waits for the member's `/readyz`.
+const REFUSAL_PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Whether a refusal is the member's settled answer. An API server that is starting
+/// answers 403 before its RBAC roles are loaded and 404 before its CRDs are served, and a
+/// refused kind counts as listed and empty: taken at its word, such an answer made a
+/// starting member that held stateful copies look as if it held none (the 60-minute chaos
+/// run of seed 613575190 deleted a database's copy elsewhere 0.3 s later). So the refusal
+/// counts only when the member then says it is ready (`/readyz` 200) and a list sent after
+/// that is refused the same way.
+async fn refusal_settled(client: &Client, api: &Api<DynamicObject>, code: u16) -> bool {
+    use crate::hub::membership::{health::ProbeOutcome, prober::probe_readyz};
+    if !matches!(
+        probe_readyz(client, REFUSAL_PROBE_TIMEOUT).await,
+        ProbeOutcome::Healthy
+    ) {
+        return false;
+    }
+    let again = api
+        .list_metadata(
+            &kube::api::ListParams::default()
+                .labels(&managed_selector())
+                .limit(1),
+        )
+        .await;
+    matches!(again, Err(kube::Error::Api(status)) if status.code == code)
+}
+
+/// Records a kind the member refuses to list ([`refusal`]) once the refusal is `settled`
+/// ([`refusal_settled`]; one that is not is an error the watch retries), and forgets it
+/// once a list succeeds. Returns whether the kind just became unavailable.
 fn note_availability(
     unavailable: &Mutex<HashMap<usize, String>>,
     cluster: &str,
     kind: usize,
     what: &str,
     event: &Result<watcher::Event<DynamicObject>, watcher::Error>,
+    settled: bool,
 ) -> bool {
     let mut unavailable = unavailable.lock().unwrap_or_else(|p| p.into_inner());
-    match event {
-        Err(
-            watcher::Error::InitialListFailed(kube::Error::Api(status))
-            | watcher::Error::WatchStartFailed(kube::Error::Api(status)),
-        ) if status.code == 403 || status.code == 404 => {
-            let reason = if status.code == 403 {
+    match (event, refusal(event)) {
+        (_, Some(code)) if !settled => {
+            tracing::debug!(
+                member = cluster,
+                kind = what,
+                code,
+                "a refusal of a member that is not ready, or not refused again: not recorded"
+            );
+            false
+        }
+        (_, Some(code)) => {
+            let reason = if code == 403 {
                 format!(
                     "the hub's role in {cluster} does not cover {what}: run `bulkhead join {cluster} ... --federate <resource>.<group>` again"
                 )
@@ -476,7 +543,7 @@ fn note_availability(
             }
             new
         }
-        Ok(watcher::Event::InitDone) => {
+        (Ok(watcher::Event::InitDone), _) => {
             unavailable.remove(&kind);
             false
         }
@@ -860,12 +927,25 @@ mod tests {
                 }),
             )))
         };
+        assert!(
+            !note_availability(
+                &unavailable,
+                "east",
+                2,
+                "example.org/v1 Widget",
+                &refused(403),
+                false
+            ),
+            "a refusal that is not settled is an error the watch retries"
+        );
+        assert!(unavailable.lock().unwrap().is_empty());
         assert!(note_availability(
             &unavailable,
             "east",
             2,
             "example.org/v1 Widget",
-            &refused(403)
+            &refused(403),
+            true
         ));
         assert!(
             !note_availability(
@@ -873,7 +953,8 @@ mod tests {
                 "east",
                 2,
                 "example.org/v1 Widget",
-                &refused(403)
+                &refused(403),
+                true
             ),
             "told once"
         );
@@ -883,11 +964,12 @@ mod tests {
             "east",
             3,
             "example.org/v1 Gadget",
-            &refused(404)
+            &refused(404),
+            true
         ));
         assert!(unavailable.lock().unwrap()[&3].contains("install its CRD"));
         assert!(
-            !note_availability(&unavailable, "east", 4, "v1 ConfigMap", &refused(500)),
+            !note_availability(&unavailable, "east", 4, "v1 ConfigMap", &refused(500), true),
             "a server error is not a refusal: the watch retries"
         );
         note_availability(
@@ -896,10 +978,62 @@ mod tests {
             2,
             "example.org/v1 Widget",
             &Ok(watcher::Event::InitDone),
+            true,
         );
         assert!(
             !unavailable.lock().unwrap().contains_key(&2),
             "listed at last"
         );
+    }
+
+    /// Answers the requests of [`refusal_settled`]: `/readyz` with `ready`, then the
+    /// list (if it comes) with `list`. Returns the paths asked.
+    async fn settle(ready: u16, list: u16) -> (bool, Vec<String>) {
+        let (service, mut handle) = tower_test::mock::pair::<
+            http::Request<kube::client::Body>,
+            http::Response<kube::client::Body>,
+        >();
+        let client = Client::new(service, "default");
+        let resource = ApiResource::erase::<k8s_openapi::api::apps::v1::StatefulSet>(&());
+        let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
+        let answer = tokio::spawn(async move {
+            let mut asked = vec![];
+            while let Some((request, respond)) = handle.next_request().await {
+                let path = request.uri().path().to_string();
+                let code = if path == "/readyz" { ready } else { list };
+                asked.push(path);
+                let body = if code == 200 && asked.len() > 1 {
+                    serde_json::json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": []})
+                } else {
+                    serde_json::json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code, "message": "no", "reason": "Forbidden"})
+                };
+                respond.send_response(
+                    http::Response::builder()
+                        .status(code)
+                        .body(kube::client::Body::from(body.to_string().into_bytes()))
+                        .unwrap(),
+                );
+            }
+            asked
+        });
+        let settled = refusal_settled(&client, &api, 403).await;
+        drop(api);
+        drop(client);
+        (settled, answer.await.unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_refusal_counts_only_when_a_ready_member_refuses_again() {
+        // A starting API server (RBAC not loaded): /readyz is not 200, nothing is listed.
+        let (settled, asked) = settle(500, 403).await;
+        assert!(!settled);
+        assert_eq!(asked, ["/readyz"]);
+        // Ready, and refused again: the member's settled answer.
+        let (settled, asked) = settle(200, 403).await;
+        assert!(settled);
+        assert_eq!(asked, ["/readyz", "/apis/apps/v1/statefulsets"]);
+        // Ready, and the list works now: the first refusal was the start's.
+        let (settled, _) = settle(200, 200).await;
+        assert!(!settled);
     }
 }

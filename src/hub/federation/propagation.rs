@@ -305,6 +305,12 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
             }
             None => {
                 let recorded = input.pending.iter().any(|p| p == member.cluster);
+                // Placed by the decision before this one: the cluster may hold a copy
+                // the hub has not seen, and is recorded until its copies are listed
+                // (a cluster removed while cut off would otherwise drop out of the
+                // stateful placement, and its copy out of the freeze, the moment the
+                // decision is written).
+                let placed = input.previous.iter().any(|t| t.name == member.cluster);
                 let holds = member.copy.is_some();
                 if member.reachable && member.synced && !(member.refused && recorded) {
                     if !holds {
@@ -334,7 +340,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                         );
                     }
                     plan.pending_cleanup.push(cluster);
-                } else if holds || recorded {
+                } else if holds || recorded || placed {
                     // Its removal waits for the cluster: for a stateful kind, that is the
                     // partition freeze too.
                     if frozen {
@@ -1158,6 +1164,70 @@ mod tests {
         let plan = plan(&stateful(&template, &new, &previous, &members));
         assert_eq!(plan.deletes.len(), 1);
         assert_eq!(plan.deletes[0].guard, ["east", "west"]);
+    }
+
+    /// The 60-minute chaos run of seed 613575190: a database at 1/1/1 over east, west and
+    /// north, scaled to 1 while west was cut off and a new leader had not listed west's
+    /// copies. The decision (north=1) was written at once; at the next reconcile west was
+    /// no longer in the previous decision, not recorded for cleanup, and a starting API
+    /// server's 403 made its copies look listed and empty: east's copy was deleted while
+    /// west, holding one, was still cut off. A cluster removed while its copies are
+    /// unknown stays recorded, so it stays in the freeze until it is listed.
+    #[test]
+    fn a_cluster_removed_while_its_copies_are_unknown_stays_in_the_freeze() {
+        let template = database(1);
+        let all = targets(&[("east", 1), ("north", 1), ("west", 1)]);
+        let new = targets(&[("north", 1)]);
+        let east = database_copy(1, 1, "e");
+        let north = database_copy(1, 1, "n");
+        let unknown = MemberCopy {
+            synced: false,
+            ..unreachable("west", None)
+        };
+        let members = [
+            member("east", Some(&east)),
+            member("north", Some(&north)),
+            unknown,
+        ];
+        let first = plan(&stateful(&template, &new, &all, &members));
+        assert!(first.deletes.is_empty(), "{:?}", first.deletes);
+        assert_eq!(first.waiting_for, ["west"]);
+        assert!(first.pending_cleanup.contains(&"west".to_string()));
+        // The decision is written: west is only in the recorded cleanups now, and its
+        // kind looks listed and empty (refused) while it is still not Ready.
+        let refused = MemberCopy {
+            synced: true,
+            refused: true,
+            ..unreachable("west", None)
+        };
+        let members = [
+            member("east", Some(&east)),
+            member("north", Some(&north)),
+            refused,
+        ];
+        let mut next = stateful(&template, &new, &new, &members);
+        next.pending = &first.pending_cleanup;
+        let second = plan(&next);
+        assert!(second.deletes.is_empty(), "{:?}", second.deletes);
+        assert_eq!(second.waiting_for, ["west"]);
+        assert!(second.pending_cleanup.contains(&"west".to_string()));
+        // Listed at last, holding its copy: both removed copies go, west in the guard.
+        let west = database_copy(1, 1, "w");
+        let members = [
+            member("east", Some(&east)),
+            member("north", Some(&north)),
+            member("west", Some(&west)),
+        ];
+        let mut healed = stateful(&template, &new, &new, &members);
+        healed.pending = &second.pending_cleanup;
+        let healed = plan(&healed);
+        assert_eq!(healed.deletes.len(), 2, "{:?}", healed.deletes);
+        assert!(
+            healed
+                .deletes
+                .iter()
+                .all(|d| d.guard.contains(&"west".to_string()))
+        );
     }
 
     /// A stateful kind that reports no readiness (health `Present`, as a custom kind's
