@@ -12,6 +12,7 @@ pub mod override_policy;
 pub mod propagation_policy;
 pub mod resource_binding;
 pub mod resource_interpreter;
+pub mod rollout;
 
 pub use condition::{
     ConditionStatus, find_condition, is_condition_true, new_condition, set_condition,

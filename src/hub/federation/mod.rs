@@ -41,6 +41,7 @@ pub mod policy_status;
 pub mod propagation;
 pub mod queue;
 pub mod reconcile;
+pub mod rollout;
 pub mod scheduler;
 #[cfg(test)]
 mod simulation;
