@@ -89,6 +89,13 @@ pub struct PropagationSpec {
     /// is never a dependency (every namespace has one). See docs/dependencies.md.
     #[serde(default)]
     pub propagate_deps: bool,
+
+    /// How a change of a selected template goes out: wave by wave, each wave gated by
+    /// readiness, `minHealthySeconds` and an optional Prometheus analysis, rolled back
+    /// automatically when the analysis fails. Without it a change goes to every cluster
+    /// at once. See docs/rollouts.md.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<crate::api::rollout::RolloutStrategy>,
 }
 
 /// Cluster-wide placement rules: like a PropagationPolicy, but selects templates in every

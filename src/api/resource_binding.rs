@@ -166,6 +166,11 @@ pub struct ResourceBindingStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub clusters: Vec<ClusterPlacementStatus>,
+
+    /// The template's rollout, when its policy has `spec.rollout`: revision, wave,
+    /// phase and the current wave's analysis.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<crate::api::rollout::RolloutStatus>,
 }
 
 /// Why one cluster was or was not chosen.

@@ -248,9 +248,11 @@ pub enum RolloutPhase {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct AnalysisMeasurement {
+    /// When it was taken.
     pub at: Option<Time>,
     /// Every metric passed.
     pub passed: bool,
+    /// Each metric's samples and verdict.
     pub metrics: Vec<MetricResult>,
 }
 
@@ -258,10 +260,12 @@ pub struct AnalysisMeasurement {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct MetricResult {
+    /// The metric's name in the policy.
     pub name: String,
     /// The samples' values (empty: no data, or the query failed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub values: Vec<f64>,
+    /// Every sample met the condition (and there was one).
     pub passed: bool,
     /// Why it failed (no data, the query's error, the condition).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -309,6 +309,9 @@ pub fn policy(
             }
         }
     }
+    if let Some(rollout) = &spec.rollout {
+        problems.extend(rollout_problems(object, rollout));
+    }
     if let Some(known) = known_clusters {
         let mut named: Vec<(String, &String)> = vec![];
         if let Some(affinity) = &spec.placement.cluster_affinity {
@@ -348,6 +351,64 @@ pub fn policy(
                 ));
             }
         }
+    }
+    problems
+}
+
+/// `spec.rollout`: every wave names some clusters, every success condition parses, the
+/// Prometheus and alert addresses are http:// URLs.
+fn rollout_problems(object: &str, rollout: &crate::api::rollout::RolloutStrategy) -> Vec<String> {
+    let mut problems = vec![];
+    if rollout.waves.is_empty() {
+        problems.push(format!(
+            "{object}: spec.rollout.waves is empty; list at least one wave (clusters, zones or labelSelector): the clusters no wave names go last"
+        ));
+    }
+    for (i, wave) in rollout.waves.iter().enumerate() {
+        if wave.clusters.is_empty() && wave.zones.is_empty() && wave.label_selector.is_none() {
+            problems.push(format!(
+                "{object}: spec.rollout.waves[{i}] names no cluster; set clusters, zones or labelSelector"
+            ));
+        }
+        if let Some(pause) = &wave.pause
+            && pause.manual == pause.seconds.is_some()
+        {
+            problems.push(format!(
+                "{object}: spec.rollout.waves[{i}].pause needs exactly one of seconds and manual: true"
+            ));
+        }
+    }
+    let http = |field: &str, url: &str| -> Option<String> {
+        let host = url.strip_prefix("http://").unwrap_or_default();
+        (host.is_empty() || host.starts_with('/')).then(|| {
+            format!(
+                "{object}: {field} is `{url}`; give an http:// address such as http://prometheus.monitoring:9090 (https is not supported yet: put a proxy in front)"
+            )
+        })
+    };
+    if let Some(analysis) = &rollout.analysis {
+        problems.extend(http(
+            "spec.rollout.analysis.prometheus",
+            &analysis.prometheus,
+        ));
+        for (i, metric) in analysis.metrics.iter().enumerate() {
+            if let Err(error) =
+                crate::api::rollout::SuccessCondition::parse(&metric.success_condition)
+            {
+                problems.push(format!(
+                    "{object}: spec.rollout.analysis.metrics[{i}].successCondition {error}"
+                ));
+            }
+        }
+        if analysis.failure_limit >= analysis.count {
+            problems.push(format!(
+                "{object}: spec.rollout.analysis.failureLimit {} is not below count {}: no wave could ever fail; lower failureLimit",
+                analysis.failure_limit, analysis.count
+            ));
+        }
+    }
+    if let Some(url) = &rollout.alert_webhook {
+        problems.extend(http("spec.rollout.alertWebhook", url));
     }
     problems
 }
@@ -814,6 +875,56 @@ mod tests {
                 ..Default::default()
             }],
             ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_rollout_names_its_waves_and_parses_its_conditions() {
+        use crate::api::rollout::{
+            AnalysisMetric, RolloutAnalysis, RolloutStrategy, RolloutWave, WavePause,
+        };
+        let object = "PropagationPolicy shop/p";
+        let mut spec = policy_spec();
+        spec.rollout = Some(RolloutStrategy {
+            waves: vec![RolloutWave {
+                clusters: vec!["east".into()],
+                ..Default::default()
+            }],
+            analysis: Some(RolloutAnalysis {
+                prometheus: "http://prometheus:9090".into(),
+                metrics: vec![AnalysisMetric {
+                    name: "errors".into(),
+                    query: "up".into(),
+                    success_condition: "result < 0.05".into(),
+                }],
+                interval_seconds: 10,
+                count: 3,
+                failure_limit: 0,
+            }),
+            ..Default::default()
+        });
+        assert!(policy(object, &spec, true, None).is_empty());
+        let rollout = spec.rollout.as_mut().unwrap();
+        rollout.waves.push(RolloutWave {
+            pause: Some(WavePause {
+                seconds: Some(5),
+                manual: true,
+            }),
+            ..Default::default()
+        });
+        let analysis = rollout.analysis.as_mut().unwrap();
+        analysis.prometheus = "https://prometheus:9090".into();
+        analysis.metrics[0].success_condition = "errors < 1".into();
+        analysis.failure_limit = 3;
+        let problems = policy(object, &spec, true, None).join("\n");
+        for expected in [
+            "spec.rollout.waves[1] names no cluster",
+            "spec.rollout.waves[1].pause needs exactly one",
+            "spec.rollout.analysis.prometheus is `https://prometheus:9090`",
+            "spec.rollout.analysis.metrics[0].successCondition `errors < 1`",
+            "failureLimit 3 is not below count 3",
+        ] {
+            assert!(problems.contains(expected), "{expected} in {problems}");
         }
     }
 

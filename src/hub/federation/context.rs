@@ -353,6 +353,8 @@ pub(super) struct Context {
     /// first reconcile that applies every placed copy (a member being listed or
     /// unreachable keeps the mark for its own copy).
     pub resync: Mutex<HashMap<ObjectKey, Vec<String>>>,
+    /// The revisions of templates with a rollout this leadership term listed or wrote.
+    pub revisions: crate::hub::federation::revisions::RevisionStore,
 }
 
 /// What placement knows of every member, sorted by name, with each staticWeightList it

@@ -420,10 +420,11 @@ fn start_watches(client: &Client, kinds: &Kinds, cluster: &str) -> (ClusterCopie
 }
 
 /// Metadata the hub reads on its copies.
-const COPY_ANNOTATIONS: [&str; 3] = [
+const COPY_ANNOTATIONS: [&str; 4] = [
     crate::api::ANNOTATION_APPLIED_HASH,
     crate::api::LABEL_BINDING,
     crate::api::ANNOTATION_TEMPLATE_DELETED,
+    crate::api::rollout::ANNOTATION_REVISION,
 ];
 
 /// Reduces a member copy to what the hub decides on: identity, version, generation,

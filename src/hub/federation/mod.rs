@@ -23,6 +23,7 @@
 //! template never waits for a member, and members never wait for each other.
 
 pub mod aggregate;
+pub mod analysis;
 pub mod context;
 pub mod copies;
 pub mod copy_cache;
@@ -41,7 +42,9 @@ pub mod policy_status;
 pub mod propagation;
 pub mod queue;
 pub mod reconcile;
+pub mod revisions;
 pub mod rollout;
+pub mod rollout_step;
 pub mod scheduler;
 #[cfg(test)]
 mod simulation;
@@ -461,6 +464,7 @@ async fn run_kinds(
         reports: Mutex::default(),
         follow: Mutex::default(),
         resync: Mutex::default(),
+        revisions: Default::default(),
     });
 
     // Aborted when this function returns or is dropped (a leadership term that ends).

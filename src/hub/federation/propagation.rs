@@ -87,6 +87,18 @@ pub struct PlanInput<'a> {
     /// applied-hash says it holds what the hub would apply (someone may have changed it
     /// since, in a way the hub's summary does not show). None: no pass.
     pub resync: Option<&'a [String]>,
+    /// A rollout is on (the policy has `spec.rollout`): the revision each cluster's copy
+    /// holds, and the template it is built from. None: every copy from `template`.
+    pub rollout: Option<&'a BTreeMap<String, ClusterRevision>>,
+}
+
+/// What a cluster's copy is built from during a rollout.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClusterRevision {
+    pub revision: i64,
+    /// The template of that revision; None when the hub does not hold it (pruned, or
+    /// not listed yet): nothing is applied there.
+    pub template: Option<Value>,
 }
 
 /// Server-side apply of a copy to a member.
@@ -265,12 +277,40 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                         replicas = current;
                     }
                 }
-                let desired = member_copy(
-                    input.template,
+                let (template, revision) = match input.rollout.map(|r| r.get(member.cluster)) {
+                    Some(Some(ClusterRevision {
+                        revision,
+                        template: Some(template),
+                    })) => (template, Some(*revision)),
+                    Some(Some(ClusterRevision {
+                        revision,
+                        template: None,
+                    })) => {
+                        plan.notes.insert(
+                            cluster.clone(),
+                            format!("revision {revision} is not known to the hub; the copy is left as it is"),
+                        );
+                        plan.deferred.push(cluster);
+                        continue;
+                    }
+                    // A placed cluster the rollout did not assign: nothing new goes there.
+                    Some(None) => {
+                        plan.deferred.push(cluster);
+                        continue;
+                    }
+                    None => (input.template, None),
+                };
+                let mut desired = member_copy(
+                    template,
                     input.binding,
                     Some(replicas),
                     input.interpretation,
                 );
+                if let Some(revision) = revision {
+                    desired["metadata"]["annotations"][crate::api::rollout::ANNOTATION_REVISION] =
+                        Value::String(revision.to_string());
+                    crate::hub::federation::copies::restamp(&mut desired);
+                }
                 // Overrides per cluster; one that fails applies nothing there.
                 let desired = match input.overrides {
                     None => desired,
@@ -465,7 +505,11 @@ fn replacement_ready(input: &PlanInput<'_>) -> bool {
 /// ready count reaches them (`ReadyReplicas`), its condition holds (`Condition`), or it is
 /// there as applied (`Present`: a kind that reports no readiness is Ready once its copy
 /// carries the new count, or make-before-break would wait for it forever).
-fn ready_at_target(interpretation: &Interpretation, copy: &DynamicObject, replicas: i32) -> bool {
+pub fn ready_at_target(
+    interpretation: &Interpretation,
+    copy: &DynamicObject,
+    replicas: i32,
+) -> bool {
     if copy.metadata.deletion_timestamp.is_some() {
         return false;
     }
@@ -616,6 +660,7 @@ mod tests {
             pending: &[],
             overrides: None,
             resync: None,
+            rollout: None,
         }
     }
 
@@ -968,6 +1013,7 @@ mod tests {
             pending: &[],
             overrides: None,
             resync: None,
+            rollout: None,
         }
     }
 
@@ -1542,6 +1588,7 @@ mod tests {
             pending: &[],
             overrides: None,
             resync: None,
+            rollout: None,
         });
         assert_eq!(plan.applies.len(), 2);
         assert_eq!(plan.applies[0].object["data"]["k"], "v");

@@ -139,6 +139,7 @@ fn plan(
     deleting: bool,
     views: &[ClusterView],
     overrides: Option<&TemplateOverrides<'_>>,
+    rollout: Option<&BTreeMap<String, propagation::ClusterRevision>>,
 ) -> Planned {
     let mut members: Vec<Member> = views
         .iter()
@@ -223,6 +224,7 @@ fn plan(
         pending,
         overrides,
         resync: resync.as_deref(),
+        rollout,
     });
     drop(copies);
     // The pass is over for this template once every placed copy was built: one in a
@@ -373,6 +375,7 @@ async fn delete_template(
         true,
         views,
         None,
+        None,
     );
     hand_off(context, key, &mut planned, ConflictResolution::Abort);
     if let Some(binding) = binding.as_deref()
@@ -430,6 +433,7 @@ fn kept_decision(binding: &ResourceBinding) -> Option<DesiredBinding> {
         spec: binding.spec.clone(),
         status: scheduler_status(binding.status.as_ref()),
         conflict_resolution: ConflictResolution::Abort,
+        rollout: None,
         fence: false,
         next_change: None,
     })
@@ -451,7 +455,7 @@ async fn cleanup_after_template(
     let targets = binding.spec.clusters.clone();
     let pending = pending_cleanups(Some(binding));
     let mut planned = plan(
-        context, key, resource, None, &targets, &targets, &pending, true, views, None,
+        context, key, resource, None, &targets, &targets, &pending, true, views, None, None,
     );
     hand_off(context, key, &mut planned, ConflictResolution::Abort);
     if cleanup_done(&planned) {
@@ -600,6 +604,34 @@ async fn place_template(
         }
     }
 
+    // A rollout: which revision each cluster's copy holds now, recorded in the binding
+    // (before any copy acts on it, as a decision is).
+    desired.status.rollout = None;
+    let rollout = match desired.rollout.clone() {
+        Some(strategy) => {
+            match crate::hub::federation::rollout_step::step(
+                context,
+                key,
+                resource,
+                template,
+                &strategy,
+                existing,
+                &mut desired,
+                views,
+                now,
+            )
+            .await
+            {
+                Ok(step) => {
+                    again = sooner(again, step.wake);
+                    Some(step)
+                }
+                Err(retry) => return Some(retry),
+            }
+        }
+        None => None,
+    };
+
     let previous: Vec<TargetCluster> = old_targets.to_vec();
     let pending = pending_cleanups(existing);
     let override_policies = context.override_policies();
@@ -625,6 +657,7 @@ async fn place_template(
         false,
         views,
         Some(&overrides),
+        rollout.as_ref().map(|r| &r.clusters),
     );
     let targets = desired.spec.clusters.clone();
     let decision_changed = existing.is_none_or(|b| {

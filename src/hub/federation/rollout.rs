@@ -441,9 +441,9 @@ impl Step<'_, '_> {
         let healthy_until =
             since + SignedDuration::from_secs(self.input.strategy.min_healthy_seconds);
         if self.input.now < healthy_until {
+            // No running count in the message: the binding is written when it changes.
             self.status.message = format!(
-                "{name}: every copy Ready at revision {revision}; healthy for {}s of {}s",
-                self.input.now.duration_since(since).as_secs(),
+                "{name}: every copy Ready at revision {revision}; the next step at {healthy_until} ({}s of health)",
                 self.input.strategy.min_healthy_seconds
             );
             self.wake(healthy_until);

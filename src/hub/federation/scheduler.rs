@@ -134,6 +134,8 @@ pub struct DesiredBinding {
     pub status: ResourceBindingStatus,
     /// From the chosen policy.
     pub conflict_resolution: ConflictResolution,
+    /// The chosen policy's rollout strategy.
+    pub rollout: Option<crate::api::rollout::RolloutStrategy>,
     /// The kind is stateful and the policy says `failover.stateful: Fence`.
     pub fence: bool,
     /// When a toleration of a NoExecute taint on one of the clusters expires and the
@@ -182,6 +184,7 @@ pub fn scheduler_status(status: Option<&ResourceBindingStatus>) -> ResourceBindi
         decisions: status.decisions.clone(),
         interpreter: status.interpreter.clone(),
         clusters: vec![],
+        rollout: status.rollout.clone(),
     }
 }
 
@@ -326,6 +329,7 @@ pub fn desired_binding(
         spec,
         status,
         conflict_resolution: policy.spec.conflict_resolution,
+        rollout: policy.spec.rollout.clone(),
         fence: stateful && marks_fenced(policy.spec),
         next_change,
     })

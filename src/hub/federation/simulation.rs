@@ -274,6 +274,7 @@ impl World {
             pending: &self.pending,
             overrides: None,
             resync: None,
+            rollout: None,
         })
     }
 

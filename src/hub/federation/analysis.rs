@@ -1,0 +1,264 @@
+//! A rollout wave's analysis: the policy's PromQL queries, asked of Prometheus's HTTP API
+//! (`GET /api/v1/query`), and judged by their success conditions. One call is one
+//! measurement ([`measure`]); the rollout decision (`rollout.rs`) counts them.
+
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use serde_json::Value;
+
+use crate::api::rollout::{AnalysisMeasurement, MetricResult, RolloutAnalysis, SuccessCondition};
+
+/// The longest one query may take; past it the metric fails this measurement.
+const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
+/// The largest answer read.
+const MAX_ANSWER: usize = 4 * 1024 * 1024;
+
+/// A query with its placeholders filled: `{{clusters}}` becomes a regular expression
+/// matching exactly the wave's clusters, `{{revision}}` the revision.
+pub fn fill(query: &str, clusters: &[&str], revision: i64) -> String {
+    let alternatives: Vec<String> = clusters.iter().map(|c| c.replace('.', "\\\\.")).collect();
+    query
+        .replace("{{clusters}}", &alternatives.join("|"))
+        .replace("{{revision}}", &revision.to_string())
+}
+
+/// The samples of a Prometheus query answer (vector or scalar), or why there are none.
+pub fn samples(answer: &Value) -> Result<Vec<f64>, String> {
+    if answer["status"] != "success" {
+        return Err(format!(
+            "Prometheus answered {}: {}",
+            answer["errorType"].as_str().unwrap_or("an error"),
+            answer["error"].as_str().unwrap_or("no message")
+        ));
+    }
+    let value = |pair: &Value| -> Result<f64, String> {
+        pair[1]
+            .as_str()
+            .ok_or_else(|| "a sample without a value".to_string())?
+            .parse::<f64>()
+            .map_err(|_| format!("a sample value that is not a number: {}", pair[1]))
+    };
+    let data = &answer["data"];
+    match data["resultType"].as_str() {
+        Some("vector") => data["result"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|sample| value(&sample["value"]))
+            .collect(),
+        Some("scalar") => Ok(vec![value(&data["result"])?]),
+        other => Err(format!(
+            "the query gives a {}, not an instant vector or a scalar",
+            other.unwrap_or("nothing")
+        )),
+    }
+}
+
+/// Judges one metric's samples: every one must meet the condition, and there must be one.
+pub fn judge(name: &str, condition: &str, answer: Result<Vec<f64>, String>) -> MetricResult {
+    let failed = |values: Vec<f64>, message: String| MetricResult {
+        name: name.to_string(),
+        values,
+        passed: false,
+        message: Some(message),
+    };
+    let condition = match SuccessCondition::parse(condition) {
+        Ok(condition) => condition,
+        Err(error) => return failed(vec![], format!("successCondition {error}")),
+    };
+    match answer {
+        Err(error) => failed(vec![], error),
+        Ok(values) if values.is_empty() => failed(vec![], "no data".into()),
+        Ok(values) => {
+            let passed = values.iter().all(|v| condition.holds(*v));
+            MetricResult {
+                name: name.to_string(),
+                message: (!passed).then(|| {
+                    format!(
+                        "not {condition_text}",
+                        condition_text = condition_text(&condition)
+                    )
+                }),
+                values,
+                passed,
+            }
+        }
+    }
+}
+
+fn condition_text(condition: &SuccessCondition) -> String {
+    use crate::api::rollout::Comparison::*;
+    let op = match condition.op {
+        Less => "<",
+        LessOrEqual => "<=",
+        Greater => ">",
+        GreaterOrEqual => ">=",
+        Equal => "==",
+        NotEqual => "!=",
+    };
+    format!("result {op} {}", condition.threshold)
+}
+
+/// Takes one measurement: every metric's query, at once.
+pub async fn measure(
+    analysis: &RolloutAnalysis,
+    clusters: &[&str],
+    revision: i64,
+    now: jiff::Timestamp,
+) -> AnalysisMeasurement {
+    let client: Client<HttpConnector, Empty<bytes::Bytes>> =
+        Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    let queries = analysis.metrics.iter().map(|metric| {
+        let client = client.clone();
+        let query = fill(&metric.query, clusters, revision);
+        async move {
+            let answer = ask(&client, &analysis.prometheus, &query).await;
+            judge(&metric.name, &metric.success_condition, answer)
+        }
+    });
+    let metrics = futures::future::join_all(queries).await;
+    AnalysisMeasurement {
+        at: Some(Time(now)),
+        passed: metrics.iter().all(|m| m.passed),
+        metrics,
+    }
+}
+
+async fn ask(
+    client: &Client<HttpConnector, Empty<bytes::Bytes>>,
+    base: &str,
+    query: &str,
+) -> Result<Vec<f64>, String> {
+    if !base.starts_with("http://") {
+        return Err(format!(
+            "analysis.prometheus `{base}`: only http:// addresses are supported (Prometheus in the cluster, or a proxy in front of it)"
+        ));
+    }
+    let encoded: String = url_encode(query);
+    let uri = format!(
+        "{}/api/v1/query?query={encoded}",
+        base.trim_end_matches('/')
+    );
+    let request = http::Request::get(&uri)
+        .body(Empty::new())
+        .map_err(|e| format!("bad address `{uri}`: {e}"))?;
+    let response = tokio::time::timeout(QUERY_TIMEOUT, client.request(request))
+        .await
+        .map_err(|_| format!("Prometheus did not answer within {QUERY_TIMEOUT:?}"))?
+        .map_err(|e| format!("cannot reach Prometheus at {base}: {e}"))?;
+    let status = response.status();
+    let body = tokio::time::timeout(
+        QUERY_TIMEOUT,
+        http_body_util::Limited::new(response.into_body(), MAX_ANSWER).collect(),
+    )
+    .await
+    .map_err(|_| "Prometheus's answer did not arrive in time".to_string())?
+    .map_err(|e| format!("cannot read Prometheus's answer: {e}"))?
+    .to_bytes();
+    let answer: Value = serde_json::from_slice(&body)
+        .map_err(|_| format!("Prometheus answered {status} with no JSON"))?;
+    samples(&answer)
+}
+
+/// POSTs a rollout alert (JSON) to the policy's `alertWebhook`; a failure is logged, the
+/// Event on the template is the record.
+pub async fn alert(url: String, alert: Value) {
+    if !url.starts_with("http://") {
+        tracing::warn!(%url, "alertWebhook: only http:// addresses are supported; the alert is only an Event");
+        return;
+    }
+    let client: Client<HttpConnector, http_body_util::Full<bytes::Bytes>> =
+        Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    let request = match http::Request::post(&url)
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            alert.to_string(),
+        ))) {
+        Ok(request) => request,
+        Err(error) => {
+            tracing::warn!(%url, %error, "alertWebhook: not a usable address");
+            return;
+        }
+    };
+    match tokio::time::timeout(QUERY_TIMEOUT, client.request(request)).await {
+        Ok(Ok(response)) if response.status().is_success() => {}
+        Ok(Ok(response)) => {
+            tracing::warn!(%url, status = %response.status(), "alertWebhook refused the alert")
+        }
+        Ok(Err(error)) => tracing::warn!(%url, %error, "alertWebhook unreachable"),
+        Err(_) => tracing::warn!(%url, "alertWebhook did not answer in time"),
+    }
+}
+
+/// Percent-encodes a query for a URL's query string.
+fn url_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn queries_name_the_waves_clusters_and_revision() {
+        assert_eq!(
+            fill(
+                "sum(rate(errors{cluster=~\"{{clusters}}\",revision=\"{{revision}}\"}[1m]))",
+                &["east", "west"],
+                4
+            ),
+            "sum(rate(errors{cluster=~\"east|west\",revision=\"4\"}[1m]))"
+        );
+        assert_eq!(url_encode("a b{c=\"d\"}"), "a%20b%7Bc%3D%22d%22%7D");
+    }
+
+    #[test]
+    fn answers_are_judged_sample_by_sample_and_no_data_fails() {
+        let vector = json!({"status": "success", "data": {"resultType": "vector", "result": [
+            {"metric": {"cluster": "east"}, "value": [1.0, "0.01"]},
+            {"metric": {"cluster": "west"}, "value": [1.0, "0.2"]}
+        ]}});
+        assert_eq!(samples(&vector).unwrap(), vec![0.01, 0.2]);
+        let result = judge("errors", "result < 0.05", samples(&vector));
+        assert!(!result.passed);
+        assert_eq!(result.message.as_deref(), Some("not result < 0.05"));
+        assert!(judge("errors", "result < 0.5", samples(&vector)).passed);
+        let scalar =
+            json!({"status": "success", "data": {"resultType": "scalar", "result": [1.0, "NaN"]}});
+        assert!(
+            !judge("x", "result >= 0", samples(&scalar)).passed,
+            "NaN fails"
+        );
+        let empty = json!({"status": "success", "data": {"resultType": "vector", "result": []}});
+        assert_eq!(
+            judge("x", "result < 1", samples(&empty)).message.as_deref(),
+            Some("no data")
+        );
+        let error = json!({"status": "error", "errorType": "bad_data", "error": "parse error"});
+        assert!(
+            judge("x", "result < 1", samples(&error))
+                .message
+                .unwrap()
+                .contains("parse error")
+        );
+        assert!(
+            judge("x", "fast", Ok(vec![1.0]))
+                .message
+                .unwrap()
+                .contains("successCondition")
+        );
+    }
+}

@@ -1,0 +1,210 @@
+//! The reconcile's rollout step for a template whose policy has `spec.rollout`: read
+//! (the template's revision, written as a ControllerRevision when new; what each
+//! cluster's copy holds; an analysis measurement when one is due; a pending command) ->
+//! decide (`rollout::decide`, pure) -> the rollout status on the binding the reconcile
+//! writes before any copy acts on it, the Events, and the template each cluster's copy
+//! is built from.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::api::{ApiResource, DynamicObject};
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+
+use crate::api::ResourceBinding;
+use crate::api::rollout::{ANNOTATION_REVISION, ANNOTATION_ROLLOUT_COMMAND, RolloutStrategy};
+use crate::hub::federation::context::{Context, full_template};
+use crate::hub::federation::placement::ClusterView;
+use crate::hub::federation::propagation::{ClusterRevision, ready_at_target};
+use crate::hub::federation::revisions::{revision_content, template_of};
+use crate::hub::federation::rollout::{
+    Command, RolloutCluster, RolloutInput, decide, measurement_due, wave_names, wave_of,
+};
+use crate::hub::federation::scheduler::DesiredBinding;
+use crate::hub::federation::writer::ObjectKey;
+
+/// What the step gives the reconcile.
+pub struct RolloutStep {
+    /// The revision, and its template, of every placed cluster's copy.
+    pub clusters: BTreeMap<String, ClusterRevision>,
+    /// When to look at the template again (a health wait, a measurement, a pause).
+    pub wake: Option<Duration>,
+}
+
+/// How soon a failed revision write is tried again.
+const RETRY: Duration = Duration::from_secs(5);
+
+/// The rollout step; sets `desired.status.rollout`. Err: try again after this long.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn step(
+    context: &Arc<Context>,
+    key: &ObjectKey,
+    resource: &ApiResource,
+    template: &DynamicObject,
+    strategy: &RolloutStrategy,
+    existing: Option<&ResourceBinding>,
+    desired: &mut DesiredBinding,
+    views: &[ClusterView],
+    now: jiff::Timestamp,
+) -> Result<RolloutStep, Duration> {
+    let interpretation = context.interpretation(key);
+    let full = full_template(template, context.bodies.get(key).as_deref());
+    let recorded = existing
+        .and_then(|b| b.status.as_ref())
+        .and_then(|s| s.rollout.as_ref());
+    let protect: Vec<i64> = recorded
+        .map(|r| vec![r.revision, r.stable_revision])
+        .unwrap_or_default();
+    let revision = match context
+        .revisions
+        .ensure(
+            &context.hub,
+            key,
+            &desired.name,
+            &desired.owner,
+            revision_content(&full, &interpretation),
+            strategy.revision_history_limit.max(2) as usize,
+            &protect,
+        )
+        .await
+    {
+        Ok(revision) => revision,
+        Err(error) => {
+            tracing::warn!(template = %format!("{}/{}", key.namespace, key.name), %error, "cannot record the template's revision; its copies wait");
+            return Err(RETRY);
+        }
+    };
+
+    let no_labels = BTreeMap::new();
+    let copies: Vec<(String, Option<Arc<DynamicObject>>, bool)> = desired
+        .spec
+        .clusters
+        .iter()
+        .map(|t| {
+            let cache = context.caches.member(&t.name);
+            let synced = cache.as_ref().is_some_and(|c| c.synced(resource));
+            let cached = cache.and_then(|c| c.get(resource, &key.namespace, &key.name));
+            let copy = context.writers.fresh(&t.name, key, cached);
+            (t.name.clone(), copy, synced)
+        })
+        .collect();
+    let clusters: Vec<RolloutCluster<'_>> = desired
+        .spec
+        .clusters
+        .iter()
+        .zip(&copies)
+        .map(|(t, (_, copy, synced))| {
+            let view = views.iter().find(|v| v.name == t.name);
+            let ready = view.is_some_and(|v| v.ready)
+                && *synced
+                && (!interpretation.stateful || context.doubt(&t.name).is_none());
+            RolloutCluster {
+                name: &t.name,
+                wave: wave_of(
+                    strategy,
+                    &t.name,
+                    view.map(|v| v.zone.as_str()),
+                    view.map_or(&no_labels, |v| &v.labels),
+                ),
+                ready,
+                running: copy
+                    .as_ref()
+                    .and_then(|c| c.annotations().get(ANNOTATION_REVISION)?.parse().ok()),
+                healthy: copy
+                    .as_ref()
+                    .is_some_and(|c| ready_at_target(&interpretation, c, t.replicas)),
+            }
+        })
+        .collect();
+    let names = wave_names(strategy, &clusters);
+
+    let measurement = match (recorded, &strategy.analysis) {
+        (Some(status), Some(analysis))
+            if status.revision == revision && measurement_due(strategy, status, now) =>
+        {
+            let wave = status.wave.max(0) as usize;
+            let in_wave: Vec<&str> = clusters
+                .iter()
+                .filter(|c| c.wave == wave)
+                .map(|c| c.name)
+                .collect();
+            Some(crate::hub::federation::analysis::measure(analysis, &in_wave, revision, now).await)
+        }
+        _ => None,
+    };
+    let command_text = existing
+        .and_then(|b| b.annotations().get(ANNOTATION_ROLLOUT_COMMAND).cloned())
+        .unwrap_or_default();
+    let command = command_text
+        .split_once(' ')
+        .and_then(|(verb, id)| Some((Command::parse(verb)?, id.trim())));
+    let decision = decide(&RolloutInput {
+        strategy,
+        revision,
+        recorded,
+        clusters: &clusters,
+        wave_names: &names,
+        now,
+        command,
+        measurement,
+    });
+
+    let template_ref = template.object_ref(resource);
+    let name = format!("{}/{}", key.namespace, key.name);
+    for event in &decision.events {
+        if event.warning {
+            tracing::warn!(template = %name, reason = event.reason, message = %event.message, "rollout");
+        } else {
+            tracing::info!(template = %name, reason = event.reason, message = %event.message, "rollout");
+        }
+        let type_ = if event.warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        };
+        context
+            .event(&template_ref, type_, event.reason, event.message.clone())
+            .await;
+        if event.reason == "RolloutFailed"
+            && let Some(url) = strategy.alert_webhook.clone()
+        {
+            let alert = serde_json::json!({
+                "reason": event.reason,
+                "template": {"apiVersion": resource.api_version, "kind": resource.kind,
+                    "namespace": key.namespace, "name": key.name},
+                "revision": decision.status.revision,
+                "stableRevision": decision.status.stable_revision,
+                "message": event.message,
+            });
+            tokio::spawn(crate::hub::federation::analysis::alert(url, alert));
+        }
+    }
+    let wake = decision.wake_at.map(|at| {
+        Duration::from_millis((at.as_millisecond() - now.as_millisecond()).max(0) as u64)
+    });
+    let clusters = decision
+        .assign
+        .iter()
+        .map(|(cluster, number)| {
+            let template = if *number == revision {
+                Some(full.clone())
+            } else {
+                context
+                    .revisions
+                    .content(key, *number)
+                    .map(|content| template_of(&content, &full, &interpretation))
+            };
+            (
+                cluster.clone(),
+                ClusterRevision {
+                    revision: *number,
+                    template,
+                },
+            )
+        })
+        .collect();
+    desired.status.rollout = Some(decision.status);
+    Ok(RolloutStep { clusters, wake })
+}
