@@ -8,6 +8,7 @@ pub mod federation;
 pub mod hub_support;
 pub mod lab;
 pub mod postgres_support;
+pub mod prometheus_support;
 pub mod support;
 pub mod wait;
 

@@ -1,0 +1,221 @@
+//! Progressive rollouts against the lab with a real Prometheus (docs/rollouts.md): a good
+//! revision goes east, then west, then north (the clusters no wave names), each wave only
+//! after the one before was healthy for `minHealthySeconds` and its analysis passed; a
+//! bad revision (its pods answer half their requests with errors) fails wave 1's analysis
+//! and east goes back to the last good revision, while west and north never run it.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use bulkhead::api::rollout::{ANNOTATION_REVISION, RolloutPhase, RolloutStatus};
+use bulkhead_e2e::federation::{Federation, deployments, policies};
+use bulkhead_e2e::prometheus_support::{DemoApp, Prometheus};
+use kube::ResourceExt;
+use serde_json::{Value, json};
+
+const BINDING: &str = "web-deployment";
+
+fn web(image: &str, error_rate: f64) -> Value {
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "labels": {"app": "web"}},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web"}},
+                              "spec": {"containers": [{"name": "web", "image": image, "env": [
+                                  {"name": "DEMO_ERROR_RATE", "value": error_rate.to_string()},
+                                  {"name": "DEMO_LATENCY_SECONDS", "value": "0.02"}]}]}}}
+    })
+}
+
+/// Every revision each member's copy was seen holding, with when it was first seen.
+type Seen = Arc<Mutex<BTreeMap<String, Vec<(String, Instant)>>>>;
+
+/// Polls the members' copies every 200 ms until dropped.
+fn watch_revisions(federation: &Federation) -> (Seen, tokio::task::JoinHandle<()>) {
+    let seen: Seen = Arc::default();
+    let apis: Vec<(String, kube::Api<kube::api::DynamicObject>)> = federation
+        .members
+        .keys()
+        .map(|c| (c.clone(), federation.api(c, &deployments())))
+        .collect();
+    let record = seen.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            for (cluster, api) in &apis {
+                if let Ok(Some(copy)) = api.get_opt("web").await
+                    && let Some(revision) = copy.annotations().get(ANNOTATION_REVISION)
+                {
+                    let mut seen = record.lock().unwrap();
+                    let list = seen.entry(cluster.clone()).or_default();
+                    if list.last().is_none_or(|(r, _)| r != revision) {
+                        list.push((revision.clone(), Instant::now()));
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    (seen, task)
+}
+
+fn first_seen(seen: &Seen, cluster: &str, revision: &str) -> Option<Instant> {
+    seen.lock()
+        .unwrap()
+        .get(cluster)?
+        .iter()
+        .find(|(r, _)| r == revision)
+        .map(|(_, at)| *at)
+}
+
+async fn wait_rollout(
+    federation: &Federation,
+    what: &str,
+    check: impl Fn(&RolloutStatus) -> bool,
+) -> Result<RolloutStatus> {
+    federation
+        .wait_binding(BINDING, what, Duration::from_secs(240), |b| {
+            let rollout = b.status.as_ref()?.rollout.as_ref()?;
+            check(rollout).then(|| rollout.clone())
+        })
+        .await
+}
+
+#[tokio::test]
+async fn a_good_revision_goes_wave_by_wave_and_a_bad_one_is_rolled_back() -> Result<()> {
+    let federation = Federation::start("rollouts", &[]).await?;
+    let app = DemoApp::start(federation.members.clone(), &federation.namespace, "web").await?;
+    let prometheus = Prometheus::start(&[app.target()]).await?;
+    let error_rate = "sum(rate(demo_requests_total{cluster=~\"{{clusters}}\",revision=\"{{revision}}\",code=\"500\"}[10s])) / sum(rate(demo_requests_total{cluster=~\"{{clusters}}\",revision=\"{{revision}}\"}[10s]))";
+    let (interval, count) = (3, 2);
+    federation
+        .apply(
+            &policies(),
+            federation.policy(
+                "web",
+                json!([{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"}]),
+                json!({"replicaScheduling": {"type": "Duplicated"}}),
+                json!({"rollout": {
+                    "waves": [{"name": "canary", "clusters": ["east"]}, {"clusters": ["west"]}],
+                    "minHealthySeconds": 5,
+                    "analysis": {"prometheus": prometheus.url(), "intervalSeconds": interval, "count": count, "failureLimit": 0,
+                                 "metrics": [{"name": "error-rate", "query": error_rate, "successCondition": "result < 0.05"}]}
+                }}),
+            ),
+        )
+        .await?;
+    federation
+        .apply(&deployments(), web("nginx:1", 0.0))
+        .await?;
+    let first = wait_rollout(&federation, "revision 1 everywhere", |r| {
+        r.phase == RolloutPhase::Completed && r.revision == 1
+    })
+    .await?;
+    assert_eq!(first.stable_revision, 1);
+    let (seen, poller) = watch_revisions(&federation);
+    federation
+        .wait_copies(
+            &deployments(),
+            "web",
+            "2 Ready everywhere",
+            Duration::from_secs(90),
+            |copies| copies.len() == 3 && copies.iter().all(|c| c.ready >= 2),
+        )
+        .await?;
+
+    // A good revision: east, then west, then north, each after the wave before passed.
+    let started = Instant::now();
+    federation
+        .apply(&deployments(), web("nginx:2", 0.0))
+        .await?;
+    let done = wait_rollout(&federation, "revision 2 in every wave", |r| {
+        r.phase == RolloutPhase::Completed && r.revision == 2
+    })
+    .await?;
+    assert_eq!((done.stable_revision, done.waves), (2, 3));
+    let at = |cluster| {
+        first_seen(&seen, cluster, "2").unwrap_or_else(|| panic!("{cluster} never ran revision 2"))
+    };
+    let (east, west, north) = (at("east"), at("west"), at("north"));
+    println!(
+        "good revision: east after {:.1}s, west after {:.1}s, north after {:.1}s, completed after {:.1}s",
+        (east - started).as_secs_f64(),
+        (west - started).as_secs_f64(),
+        (north - started).as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+    // Each later wave waited for the one before: its health wait (5 s) and its
+    // analysis (2 measurements 3 s apart) at the least.
+    assert!(
+        west >= east + Duration::from_secs(5 + interval as u64),
+        "west too early"
+    );
+    assert!(
+        north >= west + Duration::from_secs(5 + interval as u64),
+        "north too early"
+    );
+
+    // A bad revision: half its requests fail. Wave 1 (east) fails its analysis and goes
+    // back to revision 2; west and north never run revision 3.
+    let bad = Instant::now();
+    federation
+        .apply(&deployments(), web("nginx:3", 0.5))
+        .await?;
+    let failed = wait_rollout(&federation, "revision 3 rolled back", |r| {
+        r.phase == RolloutPhase::RolledBack && r.revision == 3
+    })
+    .await?;
+    assert_eq!(
+        (failed.stable_revision, failed.failed_revision),
+        (2, Some(3))
+    );
+    let east_bad = first_seen(&seen, "east", "3").expect("east ran revision 3 (wave 1)");
+    federation
+        .wait_copies(
+            &deployments(),
+            "web",
+            "2 Ready everywhere again",
+            Duration::from_secs(60),
+            |copies| copies.iter().all(|c| c.ready >= 2),
+        )
+        .await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    poller.abort();
+    let history = seen.lock().unwrap().clone();
+    let east_back = history["east"]
+        .iter()
+        .rev()
+        .find(|(r, _)| r == "2")
+        .map(|(_, at)| *at)
+        .expect("east back on 2");
+    assert_eq!(
+        history["east"].last().unwrap().0,
+        "2",
+        "east ends on revision 2: {history:?}"
+    );
+    for cluster in ["west", "north"] {
+        assert!(
+            history[cluster].iter().all(|(r, _)| r != "3"),
+            "{cluster} ran the bad revision: {history:?}"
+        );
+    }
+    println!(
+        "bad revision: in east after {:.1}s, east back on revision 2 after {:.1}s (from the change), {:.1}s after east got it",
+        (east_bad - bad).as_secs_f64(),
+        (east_back - bad).as_secs_f64(),
+        (east_back - east_bad).as_secs_f64()
+    );
+    let events = federation.events_for("Deployment", "web").await?;
+    let reasons: Vec<&str> = events.iter().map(|(r, _)| r.as_str()).collect();
+    for reason in [
+        "RolloutStarted",
+        "RolloutCompleted",
+        "RolloutFailed",
+        "RolledBack",
+    ] {
+        assert!(reasons.contains(&reason), "{reason} in {events:?}");
+    }
+    let note = &events.iter().find(|(r, _)| r == "RolloutFailed").unwrap().1;
+    assert!(note.contains("error-rate"), "{note}");
+    Ok(())
+}
