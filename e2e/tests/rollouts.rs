@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use bulkhead::api::rollout::{ANNOTATION_REVISION, RolloutPhase, RolloutStatus};
 use bulkhead_e2e::federation::{Federation, deployments, policies};
+use bulkhead_e2e::hub_support::{bulkhead, path};
 use bulkhead_e2e::prometheus_support::{DemoApp, Prometheus};
 use kube::ResourceExt;
 use serde_json::{Value, json};
@@ -217,5 +218,53 @@ async fn a_good_revision_goes_wave_by_wave_and_a_bad_one_is_rolled_back() -> Res
     }
     let note = &events.iter().find(|(r, _)| r == "RolloutFailed").unwrap().1;
     assert!(note.contains("error-rate"), "{note}");
+
+    // The CLI: status, history, and undo (the template back to the stable revision's
+    // content, which is revision 2 again: nothing moves).
+    let hub = path(&federation.lab.kubeconfig("hub"));
+    let ns = federation.namespace.clone();
+    let cli = |args: &[&str]| -> Result<String> {
+        let mut all = vec![
+            args[0],
+            args[1],
+            "deployment/web",
+            "-n",
+            &ns,
+            "--kubeconfig",
+            &hub,
+        ];
+        all.extend(&args[2..]);
+        let output = bulkhead(&all)?;
+        anyhow::ensure!(output.status.success(), "bulkhead {all:?} failed");
+        Ok(String::from_utf8_lossy(&output.stdout).to_string())
+    };
+    let status = cli(&["rollout", "status"])?;
+    assert!(
+        status.contains("revision 3 (stable 2): RolledBack"),
+        "{status}"
+    );
+    assert!(status.contains("analysis 1: FAILED error-rate"), "{status}");
+    let history = cli(&["rollout", "history"])?;
+    for line in ["1 ", "2 ", "3 "] {
+        assert!(history.lines().any(|l| l.starts_with(line)), "{history}");
+    }
+    assert!(
+        history
+            .lines()
+            .any(|l| l.starts_with('3') && l.ends_with("current")),
+        "{history}"
+    );
+    cli(&["rollout", "undo"])?;
+    let undone = wait_rollout(&federation, "back on revision 2", |r| {
+        r.phase == RolloutPhase::Completed && r.revision == 2
+    })
+    .await?;
+    assert!(
+        undone
+            .clusters
+            .iter()
+            .all(|c| c.revision == 2 && c.running == Some(2)),
+        "{undone:?}"
+    );
     Ok(())
 }

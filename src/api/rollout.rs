@@ -325,11 +325,32 @@ pub struct RolloutStatus {
     /// What the rollout does now, in words.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+    /// Each cluster of the placement: its wave, the revision its copy is to hold and the
+    /// one it holds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub clusters: Vec<RolloutClusterStatus>,
 }
 
-/// Annotation on a ResourceBinding that carries a `bulkhead rollout` command:
-/// `<verb> <id>`, verb one of promote, pause, resume, abort. The hub carries out each id
-/// once and records it in `status.rollout.observedCommand`.
+/// One cluster of a rollout.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutClusterStatus {
+    /// MemberCluster name.
+    pub name: String,
+    /// Its wave (0-based).
+    pub wave: i32,
+    /// The revision its copy is to hold.
+    pub revision: i64,
+    /// The revision its copy holds, as the hub last saw it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running: Option<i64>,
+}
+
+/// Annotation on a template that carries a `bulkhead rollout` command: `<verb> <id>`,
+/// verb one of promote, pause, resume, abort. The hub carries out each id once and
+/// records it in its binding's `status.rollout.observedCommand`; the annotation is not
+/// part of the template's revision and is not copied to the members.
 pub const ANNOTATION_ROLLOUT_COMMAND: &str = "federation.example.com/rollout-command";
 /// Annotation on every member copy of a template with a rollout: the revision it holds.
 pub const ANNOTATION_REVISION: &str = "federation.example.com/revision";

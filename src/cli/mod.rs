@@ -6,6 +6,7 @@ pub mod get;
 pub mod join;
 pub mod member_guard;
 pub mod plan;
+pub mod rollout;
 
 use clap::{Parser, Subcommand};
 
@@ -54,6 +55,9 @@ pub enum Command {
     Unjoin(join::UnjoinOptions),
     /// Show federation state, e.g. `bulkhead get clusters`.
     Get(get::GetOptions),
+    /// A template's progressive rollout: status, promote, pause, resume, abort, undo,
+    /// history (docs/rollouts.md).
+    Rollout(rollout::RolloutOptions),
     /// Run one PostgreSQL instance in a database pod (the container's entrypoint): create
     /// its data, supervise `postgres`, carry out the role the agent decides.
     Instance(crate::instance::InstanceOptions),
@@ -77,6 +81,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Join(options) => join::join(&options).await?,
         Command::Unjoin(options) => join::unjoin(&options).await?,
         Command::Get(options) => get::run(&options).await?,
+        Command::Rollout(options) => rollout::run(&options).await?,
         Command::Instance(options) => crate::instance::run(options).await?,
         Command::CopyBinary { destination } => crate::instance::copy_binary(&destination)?,
     }

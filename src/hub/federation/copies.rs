@@ -68,6 +68,8 @@ pub fn member_copy(
         .and_then(Value::as_object_mut)
     {
         annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
+        // `bulkhead rollout` commands are for the hub, not the members.
+        annotations.remove(crate::api::rollout::ANNOTATION_ROLLOUT_COMMAND);
         if annotations.is_empty() {
             metadata.remove("annotations");
         }

@@ -231,8 +231,20 @@ pub fn decide(input: &RolloutInput<'_>) -> RolloutDecision {
     let wave = usize::try_from(status.wave).unwrap_or(0);
     let mut status = status;
     status.wave_name = input.wave_names.get(wave).cloned();
+    let assign = assignment(&status, input.clusters);
+    status.clusters = input
+        .clusters
+        .iter()
+        .map(|c| crate::api::rollout::RolloutClusterStatus {
+            name: c.name.to_string(),
+            wave: c.wave as i32,
+            revision: assign[c.name],
+            running: c.running,
+        })
+        .collect();
+    status.clusters.sort_by(|a, b| a.name.cmp(&b.name));
     RolloutDecision {
-        assign: assignment(&status, input.clusters),
+        assign,
         status,
         events: step.events,
         wake_at: step.wake_at,

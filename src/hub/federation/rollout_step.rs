@@ -134,8 +134,10 @@ pub(super) async fn step(
         }
         _ => None,
     };
-    let command_text = existing
-        .and_then(|b| b.annotations().get(ANNOTATION_ROLLOUT_COMMAND).cloned())
+    let command_text = template
+        .annotations()
+        .get(ANNOTATION_ROLLOUT_COMMAND)
+        .cloned()
         .unwrap_or_default();
     let command = command_text
         .split_once(' ')
