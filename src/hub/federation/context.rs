@@ -62,6 +62,18 @@ pub(super) struct ClusterLabel {
     pub cluster: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct RolloutLabels {
+    pub namespace: String,
+    pub template: String,
+    pub phase: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct ResultLabel {
+    pub result: String,
+}
+
 #[derive(Clone)]
 pub struct ControllerMetrics {
     pub(super) reconcile_duration: Histogram,
@@ -78,6 +90,9 @@ pub struct ControllerMetrics {
     pub(super) queue_depth: Gauge,
     pub(super) pending_writes: Gauge,
     pub(super) orphan_copies: Family<ClusterLabel, Gauge>,
+    pub(super) rollout_phase: Family<RolloutLabels, Gauge>,
+    pub(super) rollout_measurements: Family<ResultLabel, Counter>,
+    pub(super) rollback_seconds: Histogram,
 }
 
 impl ControllerMetrics {
@@ -99,7 +114,25 @@ impl ControllerMetrics {
             queue_depth: Gauge::default(),
             pending_writes: Gauge::default(),
             orphan_copies: Family::default(),
+            rollout_phase: Family::default(),
+            rollout_measurements: Family::default(),
+            rollback_seconds: Histogram::new(exponential_buckets(1.0, 1.5, 16)),
         };
+        metrics.register(
+            "rollout_phase",
+            "1 for the phase each template's rollout is in (templates whose policy has spec.rollout), by namespace, template (<kind>/<name>) and phase",
+            m.rollout_phase.clone(),
+        );
+        metrics.register(
+            "rollout_analysis_measurements",
+            "Rollout analysis measurements taken, by result (passed, failed)",
+            m.rollout_measurements.clone(),
+        );
+        metrics.register(
+            "rollout_rollback_seconds",
+            "Time from a rollout's failure (or abort) to every wave back on the stable revision",
+            m.rollback_seconds.clone(),
+        );
         metrics.register(
             "hub_orphan_copies",
             "Copies in a member that carry the hub's labels while no template or binding on the hub names them, as the last resync found them",

@@ -142,6 +142,7 @@ pub(super) async fn step(
     let command = command_text
         .split_once(' ')
         .and_then(|(verb, id)| Some((Command::parse(verb)?, id.trim())));
+    let measurement_result = measurement.as_ref().map(|m| m.passed);
     let decision = decide(&RolloutInput {
         strategy,
         revision,
@@ -153,6 +154,7 @@ pub(super) async fn step(
         measurement,
     });
 
+    record_metrics(context, key, resource, measurement_result, &decision, now);
     let template_ref = template.object_ref(resource);
     let name = format!("{}/{}", key.namespace, key.name);
     for event in &decision.events {
@@ -209,4 +211,54 @@ pub(super) async fn step(
         .collect();
     desired.status.rollout = Some(decision.status);
     Ok(RolloutStep { clusters, wake })
+}
+
+/// `bulkhead_rollout_phase`, `_analysis_measurements_total`, `_rollback_seconds`.
+fn record_metrics(
+    context: &Context,
+    key: &ObjectKey,
+    resource: &ApiResource,
+    measured: Option<bool>,
+    decision: &crate::hub::federation::rollout::RolloutDecision,
+    now: jiff::Timestamp,
+) {
+    use crate::api::rollout::RolloutPhase;
+    use crate::hub::federation::context::{ResultLabel, RolloutLabels};
+    let metrics = &context.metrics;
+    let labels = |phase: RolloutPhase| RolloutLabels {
+        namespace: key.namespace.clone(),
+        template: format!("{}/{}", resource.kind, key.name),
+        phase: format!("{phase:?}"),
+    };
+    for phase in [
+        RolloutPhase::Completed,
+        RolloutPhase::Progressing,
+        RolloutPhase::Paused,
+        RolloutPhase::RollingBack,
+        RolloutPhase::RolledBack,
+        RolloutPhase::Aborted,
+    ] {
+        if phase != decision.status.phase {
+            metrics.rollout_phase.remove(&labels(phase));
+        }
+    }
+    metrics
+        .rollout_phase
+        .get_or_create(&labels(decision.status.phase))
+        .set(1);
+    if let Some(passed) = measured {
+        metrics
+            .rollout_measurements
+            .get_or_create(&ResultLabel {
+                result: if passed { "passed" } else { "failed" }.into(),
+            })
+            .inc();
+    }
+    if decision.events.iter().any(|e| e.reason == "RolledBack")
+        && let Some(started) = decision.status.rollback_started_at.as_ref()
+    {
+        metrics
+            .rollback_seconds
+            .observe(now.duration_since(started.0).as_secs_f64().max(0.0));
+    }
 }
