@@ -290,6 +290,8 @@ pub fn check(
     // each copy.
     let mut holding: BTreeMap<TemplateRef, BTreeSet<String>> = BTreeMap::new();
     let mut last_replicas: BTreeMap<(String, TemplateRef), i64> = BTreeMap::new();
+    // The replicas the hub's own last successful write gave each copy.
+    let mut hub_applied: BTreeMap<(String, TemplateRef), i64> = BTreeMap::new();
     for record in ordered {
         let event = &record.event;
         let Some(object) = &event.object_ref else {
@@ -424,8 +426,20 @@ pub fn check(
                 // 201: the request created the copy (the one before was deleted, perhaps by
                 // a person, and gone since): nothing held is lowered.
                 let created = event.code() == 201;
+                // Refused by its resourceVersion precondition (409) while it only
+                // re-asserted what the hub had applied itself: the copy was changed (a
+                // person's scale) after the version the hub read, which is what the
+                // precondition is for. It lowered nothing and meant to lower nothing.
+                let refused_reapply = event.code() == 409
+                    && event
+                        .request_object
+                        .as_ref()
+                        .and_then(|o| o.pointer("/metadata/resourceVersion"))
+                        .is_some()
+                    && replicas.is_some()
+                    && hub_applied.get(&copy) == replicas.as_ref();
                 match (kind.is_stateful(), replicas, last_replicas.get(&copy)) {
-                    (true, Some(new), Some(&old)) if new < old && !created => {
+                    (true, Some(new), Some(&old)) if new < old && !created && !refused_reapply => {
                         verdict.shrinks += 1;
                         let suspects = suspects(holding.get(&template));
                         if !suspects.is_empty() {
@@ -442,7 +456,8 @@ pub fn check(
                 if event.succeeded() {
                     holding.entry(template.clone()).or_default().insert(cluster);
                     if let Some(new) = replicas {
-                        last_replicas.insert(copy, new);
+                        last_replicas.insert(copy.clone(), new);
+                        hub_applied.insert(copy, new);
                     }
                 }
             }
@@ -720,6 +735,52 @@ mod tests {
             (1, 0),
             "{verdict:?}"
         );
+    }
+
+    /// The 60-minute run of seed 613575190 (second run): a person scaled east's copy to 4
+    /// between the writer's read and its apply; the apply, re-asserting the 1 the hub had
+    /// applied, carried the version it read and was refused (409). Nothing was lowered.
+    #[test]
+    fn a_refused_reapply_of_what_the_hub_applied_is_no_shrink() {
+        let mut north = FaultWindows::default();
+        north.add("north", FaultCause::CutOff, at(10.0), Some(at(40.0)));
+        let conditioned = |code| {
+            let mut record = request("east", 20.1, "patch", STS, "sts-3", Some(1), code);
+            let object = record.event.request_object.as_mut().unwrap();
+            object["metadata"] = serde_json::json!({"resourceVersion": "18680"});
+            record
+        };
+        let records = [
+            apply("east", 1.0, STS, "sts-3", 1),
+            apply("north", 1.0, STS, "sts-3", 1),
+            person("east", 20.0, "sts-3", Some(4)),
+            conditioned(409),
+        ];
+        let verdict = run(&records, &north);
+        assert_eq!(
+            (verdict.shrinks, verdict.violations.len()),
+            (0, 0),
+            "{verdict:?}"
+        );
+        // Had it gone through (200), it would have lowered the person's 4 while north,
+        // holding a copy, was cut off.
+        let records = [
+            records[0].clone(),
+            records[1].clone(),
+            records[2].clone(),
+            conditioned(200),
+        ];
+        assert_eq!(run(&records, &north).violations.len(), 1);
+        // A refused write of a count the hub never applied is judged as sent.
+        let mut lower = conditioned(409);
+        lower.event.request_object.as_mut().unwrap()["spec"]["replicas"] = serde_json::json!(0);
+        let records = [
+            records[0].clone(),
+            records[1].clone(),
+            records[2].clone(),
+            lower,
+        ];
+        assert_eq!(run(&records, &north).violations.len(), 1);
     }
 
     #[test]
