@@ -82,7 +82,9 @@ async fn wait_rollout(
         .await
 }
 
-#[tokio::test]
+// Several threads: the demo application answers Prometheus's scrapes while the test
+// runs blocking commands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_good_revision_goes_wave_by_wave_and_a_bad_one_is_rolled_back() -> Result<()> {
     let federation = Federation::start("rollouts", &[]).await?;
     let app = DemoApp::start(federation.members.clone(), &federation.namespace, "web").await?;
@@ -98,7 +100,7 @@ async fn a_good_revision_goes_wave_by_wave_and_a_bad_one_is_rolled_back() -> Res
                 json!({"replicaScheduling": {"type": "Duplicated"}}),
                 json!({"rollout": {
                     "waves": [{"name": "canary", "clusters": ["east"]}, {"clusters": ["west"]}],
-                    "minHealthySeconds": 5,
+                    "minHealthySeconds": 8,
                     "analysis": {"prometheus": prometheus.url(), "intervalSeconds": interval, "count": count, "failureLimit": 0,
                                  "metrics": [{"name": "error-rate", "query": error_rate, "successCondition": "result < 0.05"}]}
                 }}),
@@ -145,7 +147,7 @@ async fn a_good_revision_goes_wave_by_wave_and_a_bad_one_is_rolled_back() -> Res
         (north - started).as_secs_f64(),
         started.elapsed().as_secs_f64()
     );
-    // Each later wave waited for the one before: its health wait (5 s) and its
+    // Each later wave waited for the one before: its health wait (8 s, counted in whole seconds) and its
     // analysis (2 measurements 3 s apart) at the least.
     assert!(
         west >= east + Duration::from_secs(5 + interval as u64),

@@ -522,6 +522,21 @@ pub fn ready_at_target(
     interpretation.condition_healthy(copy.data.get("status")) != Some(false)
 }
 
+/// Whether a copy has finished rolling out its current spec: Ready at `replicas` by its
+/// kind's health rule and, where its status says so, every replica updated and none of
+/// an older spec left. A Deployment in the middle of a rolling update still counts its
+/// old pods as ready; a rollout wave must not pass on them (the lab showed it: a wave
+/// judged healthy while its new pods had not started).
+pub fn rolled_out(interpretation: &Interpretation, copy: &DynamicObject, replicas: i32) -> bool {
+    if !ready_at_target(interpretation, copy, replicas) {
+        return false;
+    }
+    let status = &copy.data["status"];
+    let updated = status["updatedReplicas"].as_i64().map(count);
+    let total = status["replicas"].as_i64().map(count);
+    updated.is_none_or(|u| u >= replicas) && total.is_none_or(|t| t <= replicas)
+}
+
 /// Whether the copy's controller has observed its current generation (or does not say):
 /// Ready counts for the copy's current spec only, a status written for an earlier
 /// generation says nothing of the spec the hub just applied.
@@ -1210,6 +1225,20 @@ mod tests {
         let plan = plan(&stateful(&template, &new, &previous, &members));
         assert_eq!(plan.deletes.len(), 1);
         assert_eq!(plan.deletes[0].guard, ["east", "west"]);
+    }
+
+    #[test]
+    fn a_copy_in_the_middle_of_its_rolling_update_has_not_rolled_out() {
+        let interpretation = built_in("apps/v1", "Deployment");
+        let mut copy = copy(2, 2, "e");
+        copy.data["status"] = json!({"replicas": 3, "readyReplicas": 2, "updatedReplicas": 1});
+        assert!(
+            ready_at_target(interpretation, &copy, 2),
+            "ready, by its old pods"
+        );
+        assert!(!rolled_out(interpretation, &copy, 2));
+        copy.data["status"] = json!({"replicas": 2, "readyReplicas": 2, "updatedReplicas": 2});
+        assert!(rolled_out(interpretation, &copy, 2));
     }
 
     /// The 60-minute chaos run of seed 613575190: a database at 1/1/1 over east, west and

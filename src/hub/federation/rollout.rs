@@ -43,7 +43,8 @@ pub struct RolloutCluster<'a> {
     pub ready: bool,
     /// The revision its copy holds (its annotation); None: no copy, or not known.
     pub running: Option<i64>,
-    /// Its copy is Ready at its target by the kind's health rule, for its current spec.
+    /// Its copy has rolled out its current spec: Ready at its target by the kind's health
+    /// rule, every replica updated, none of an older spec left.
     pub healthy: bool,
 }
 

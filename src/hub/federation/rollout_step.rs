@@ -17,7 +17,7 @@ use crate::api::ResourceBinding;
 use crate::api::rollout::{ANNOTATION_REVISION, ANNOTATION_ROLLOUT_COMMAND, RolloutStrategy};
 use crate::hub::federation::context::{Context, full_template};
 use crate::hub::federation::placement::ClusterView;
-use crate::hub::federation::propagation::{ClusterRevision, ready_at_target};
+use crate::hub::federation::propagation::{ClusterRevision, rolled_out};
 use crate::hub::federation::revisions::{revision_content, template_of};
 use crate::hub::federation::rollout::{
     Command, RolloutCluster, RolloutInput, decide, measurement_due, wave_names, wave_of,
@@ -114,7 +114,7 @@ pub(super) async fn step(
                     .and_then(|c| c.annotations().get(ANNOTATION_REVISION)?.parse().ok()),
                 healthy: copy
                     .as_ref()
-                    .is_some_and(|c| ready_at_target(&interpretation, c, t.replicas)),
+                    .is_some_and(|c| rolled_out(&interpretation, c, t.replicas)),
             }
         })
         .collect();
