@@ -687,6 +687,11 @@ async fn place_template(
             return Some(RETRY);
         }
     }
+    if let Some(step) = &rollout {
+        // A changed rollout status is a changed decision: recorded just above.
+        crate::hub::federation::rollout_step::announce(context, key, resource, template, step)
+            .await;
+    }
     again = sooner(
         again,
         hand_off(context, key, &mut planned, desired.conflict_resolution),

@@ -31,6 +31,11 @@ pub struct RolloutStep {
     pub clusters: BTreeMap<String, ClusterRevision>,
     /// When to look at the template again (a health wait, a measurement, a pause).
     pub wake: Option<Duration>,
+    /// The transitions to announce ([`announce`]) once the binding records them.
+    pub events: Vec<crate::hub::federation::rollout::RolloutEvent>,
+    alert_webhook: Option<String>,
+    revision: i64,
+    stable_revision: i64,
 }
 
 /// How soon a failed revision write is tried again.
@@ -155,36 +160,6 @@ pub(super) async fn step(
     });
 
     record_metrics(context, key, resource, measurement_result, &decision, now);
-    let template_ref = template.object_ref(resource);
-    let name = format!("{}/{}", key.namespace, key.name);
-    for event in &decision.events {
-        if event.warning {
-            tracing::warn!(template = %name, reason = event.reason, message = %event.message, "rollout");
-        } else {
-            tracing::info!(template = %name, reason = event.reason, message = %event.message, "rollout");
-        }
-        let type_ = if event.warning {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        };
-        context
-            .event(&template_ref, type_, event.reason, event.message.clone())
-            .await;
-        if event.reason == "RolloutFailed"
-            && let Some(url) = strategy.alert_webhook.clone()
-        {
-            let alert = serde_json::json!({
-                "reason": event.reason,
-                "template": {"apiVersion": resource.api_version, "kind": resource.kind,
-                    "namespace": key.namespace, "name": key.name},
-                "revision": decision.status.revision,
-                "stableRevision": decision.status.stable_revision,
-                "message": event.message,
-            });
-            tokio::spawn(crate::hub::federation::analysis::alert(url, alert));
-        }
-    }
     let wake = decision.wake_at.map(|at| {
         Duration::from_millis((at.as_millisecond() - now.as_millisecond()).max(0) as u64)
     });
@@ -209,8 +184,58 @@ pub(super) async fn step(
             )
         })
         .collect();
+    let (revision, stable_revision) = (decision.status.revision, decision.status.stable_revision);
     desired.status.rollout = Some(decision.status);
-    Ok(RolloutStep { clusters, wake })
+    Ok(RolloutStep {
+        clusters,
+        wake,
+        events: decision.events,
+        alert_webhook: strategy.alert_webhook.clone(),
+        revision,
+        stable_revision,
+    })
+}
+
+/// Logs the step's transitions, records them as Events on the template and posts a
+/// failure to the alert webhook: called once the binding holds them, so a transition a
+/// failed binding write left undone is not announced twice.
+pub(super) async fn announce(
+    context: &Context,
+    key: &ObjectKey,
+    resource: &ApiResource,
+    template: &DynamicObject,
+    step: &RolloutStep,
+) {
+    let template_ref = template.object_ref(resource);
+    let name = format!("{}/{}", key.namespace, key.name);
+    for event in &step.events {
+        if event.warning {
+            tracing::warn!(template = %name, reason = event.reason, message = %event.message, "rollout");
+        } else {
+            tracing::info!(template = %name, reason = event.reason, message = %event.message, "rollout");
+        }
+        let type_ = if event.warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        };
+        context
+            .event(&template_ref, type_, event.reason, event.message.clone())
+            .await;
+        if event.reason == "RolloutFailed"
+            && let Some(url) = step.alert_webhook.clone()
+        {
+            let alert = serde_json::json!({
+                "reason": event.reason,
+                "template": {"apiVersion": resource.api_version, "kind": resource.kind,
+                    "namespace": key.namespace, "name": key.name},
+                "revision": step.revision,
+                "stableRevision": step.stable_revision,
+                "message": event.message,
+            });
+            tokio::spawn(crate::hub::federation::analysis::alert(url, alert));
+        }
+    }
 }
 
 /// `bulkhead_rollout_phase`, `_analysis_measurements_total`, `_rollback_seconds`.
