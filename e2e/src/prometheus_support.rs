@@ -179,7 +179,17 @@ impl DemoApp {
         namespace: &str,
         name: &str,
     ) -> Result<Self> {
-        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+        Self::start_on(members, namespace, name, 0).await
+    }
+
+    /// [`DemoApp::start`] on 127.0.0.1:`port` (0: any free port).
+    pub async fn start_on(
+        members: BTreeMap<String, Client>,
+        namespace: &str,
+        name: &str,
+        port: u16,
+    ) -> Result<Self> {
+        let listener = TcpListener::bind(("127.0.0.1", port)).await?;
         let port = listener.local_addr()?.port();
         let state: Arc<Mutex<Counters>> = Arc::new(Mutex::new((Instant::now(), BTreeMap::new())));
         let (namespace, name) = (namespace.to_string(), name.to_string());
