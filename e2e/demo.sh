@@ -81,20 +81,16 @@ contexts:
   context: {cluster: hub, user: bulkhead-system-bulkhead}
 current-context: hub
 KUBECONFIG
-tls_dir="$lab_dir/hub-webhook-tls"
-mkdir -p "$tls_dir"
-for key in tls.crt tls.key ca.crt; do
-  "$kubectl_bin" --kubeconfig "$hub_kubeconfig" -n bulkhead-system get secret bulkhead-webhook-tls \
-    -o jsonpath="{.data.${key//./\\.}}" | base64 -d >"$tls_dir/$key"
-done
 echo "the hub runs as: $("$kubectl_bin" --kubeconfig "$chart_kubeconfig" auth whoami -o jsonpath='{.status.userInfo.username}')"
-# The hub's webhook (admission and MyDatabase conversion on the hub) on the chart's
-# certificate; the lab's API server reaches it by URL (nothing routes Service IPs here).
+# The hub's webhook (admission and MyDatabase conversion on the hub) with its certificates
+# kept in the chart's Secret, as the chart runs it (the hub issues them into the Secret
+# the first time, with 127.0.0.1 among the names); the lab's API server reaches it by URL
+# (nothing routes Service IPs here).
 # With leader election as the chart runs it (its Lease and Role in the release namespace).
 start_bg bulkhead-hub "$bulkhead" hub --kubeconfig "$chart_kubeconfig" --probe-address 127.0.0.1:18080 \
   --leader-elect --leader-elect-namespace bulkhead-system --leader-elect-lease-name bulkhead-hub-leader \
   --webhook --listen 127.0.0.1:18444 --url https://127.0.0.1:18444 --conversion \
-  --tls-cert-file "$tls_dir/tls.crt" --tls-key-file "$tls_dir/tls.key" --ca-file "$tls_dir/ca.crt"
+  --tls-secret bulkhead-system/bulkhead-webhook-certs --cert-sans 127.0.0.1,localhost
 for _ in $(seq 1 40); do
   "$bulkhead" get clusters --kubeconfig "$hub_kubeconfig" | awk 'NR > 1 && $3 != "True" {missing = 1} END {exit missing}' && break
   sleep 0.5

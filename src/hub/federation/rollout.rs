@@ -449,7 +449,10 @@ impl Step<'_, '_> {
         let since = self
             .status
             .healthy_since
-            .get_or_insert(Time(self.input.now))
+            // Whole seconds, as the binding records it: the same moment on every read.
+            .get_or_insert(Time(
+                Timestamp::from_second(self.input.now.as_second()).unwrap_or(self.input.now),
+            ))
             .0;
         let healthy_until =
             since + SignedDuration::from_secs(self.input.strategy.min_healthy_seconds);
