@@ -332,7 +332,8 @@ spec:
     analysis:
       prometheus: http://127.0.0.1:$prometheus_port
       intervalSeconds: 3
-      count: 2
+      count: 3
+      failureLimit: 1
       metrics:
       - name: error-rate
         query: sum(rate(demo_requests_total{cluster=~"{{clusters}}",revision="{{revision}}",code="500"}[10s])) / sum(rate(demo_requests_total{cluster=~"{{clusters}}",revision="{{revision}}"}[10s]))

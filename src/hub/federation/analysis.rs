@@ -74,6 +74,12 @@ pub fn judge(name: &str, condition: &str, answer: Result<Vec<f64>, String>) -> M
     match answer {
         Err(error) => failed(vec![], error),
         Ok(values) if values.is_empty() => failed(vec![], "no data".into()),
+        // JSON has no NaN or infinity (the binding could not hold them): they are left
+        // out of the values, and fail the measurement, as no data does.
+        Ok(values) if values.iter().any(|v| !v.is_finite()) => failed(
+            values.into_iter().filter(|v| v.is_finite()).collect(),
+            "a sample is NaN or infinite (a ratio of rates that are zero: no traffic in the window yet?)".into(),
+        ),
         Ok(values) => {
             let passed = values.iter().all(|v| condition.holds(*v));
             MetricResult {
@@ -238,9 +244,14 @@ mod tests {
         assert!(judge("errors", "result < 0.5", samples(&vector)).passed);
         let scalar =
             json!({"status": "success", "data": {"resultType": "scalar", "result": [1.0, "NaN"]}});
+        let nan = judge("x", "result >= 0", samples(&scalar));
         assert!(
-            !judge("x", "result >= 0", samples(&scalar)).passed,
-            "NaN fails"
+            !nan.passed && nan.values.is_empty(),
+            "NaN fails, and is not a value"
+        );
+        assert!(
+            serde_json::to_value(&nan).unwrap().get("values").is_none(),
+            "nothing JSON cannot hold"
         );
         let empty = json!({"status": "success", "data": {"resultType": "vector", "result": []}});
         assert_eq!(
