@@ -281,84 +281,6 @@ for member in east west north; do
     done
 done
 
-# A progressive rollout (docs/rollouts.md): Deployment checkout goes east, then west, then
-# north, each wave gated by a real Prometheus (Debian's) judging the error share of the
-# wave's clusters at the new revision, from the demo application's metrics (e2e
-# demo-app: requests by cluster and by the revision each copy holds; a copy's pod
-# template says its error share). A good change rolls through; a bad one fails its first
-# wave's analysis and is rolled back, the other waves never run it.
-port_base="${BULKHEAD_LAB_PORT_BASE:-16400}"
-app_port=$((port_base + 91)) prometheus_port=$((port_base + 90))
-cargo build -q -p bulkhead-e2e --bin demo-app
-start_bg demo-app "$target/debug/demo-app" --namespace shop --name checkout --port "$app_port" --lab-dir "$lab_dir"
-mkdir -p "$lab_dir/prometheus"
-cat >"$lab_dir/prometheus.yml" <<YAML
-global: {scrape_interval: 1s, evaluation_interval: 1s}
-scrape_configs:
-- job_name: demo
-  static_configs: [{targets: ['127.0.0.1:$app_port']}]
-YAML
-start_bg prometheus prometheus --config.file="$lab_dir/prometheus.yml" \
-  --storage.tsdb.path="$lab_dir/prometheus" --web.listen-address="127.0.0.1:$prometheus_port" --log.level=warn
-prometheus_ready() { curl -sf "http://127.0.0.1:$prometheus_port/-/ready" >/dev/null; }
-wait_until "Prometheus ready" 60 prometheus_ready
-checkout() {
-  cat <<YAML
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: checkout, namespace: shop, labels: {app: checkout}}
-spec:
-  replicas: 2
-  selector: {matchLabels: {app: checkout}}
-  template:
-    metadata: {labels: {app: checkout}}
-    spec:
-      containers:
-      - name: checkout
-        image: $1
-        env: [{name: DEMO_ERROR_RATE, value: "$2"}, {name: DEMO_LATENCY_SECONDS, value: "0.02"}]
-YAML
-}
-"$kubectl" --kubeconfig "$hub_kubeconfig" apply -f - >/dev/null <<YAML
-apiVersion: federation.example.com/v1alpha1
-kind: PropagationPolicy
-metadata: {name: checkout, namespace: shop}
-spec:
-  resourceSelectors: [{apiVersion: apps/v1, kind: Deployment, name: checkout}]
-  placement: {replicaScheduling: {type: Duplicated}}
-  rollout:
-    waves: [{name: canary, clusters: [east]}, {clusters: [west]}]
-    minHealthySeconds: 8
-    analysis:
-      prometheus: http://127.0.0.1:$prometheus_port
-      intervalSeconds: 3
-      count: 3
-      failureLimit: 1
-      metrics:
-      - name: error-rate
-        query: sum(rate(demo_requests_total{cluster=~"{{clusters}}",revision="{{revision}}",code="500"}[10s])) / sum(rate(demo_requests_total{cluster=~"{{clusters}}",revision="{{revision}}"}[10s]))
-        successCondition: result < 0.05
-YAML
-rollout_revision() {
-  [[ "$("$kubectl" --kubeconfig "$hub_kubeconfig" -n shop get rb checkout-deployment -o jsonpath='{.status.rollout.revision}' 2>/dev/null)" == "$1" ]]
-}
-rollout() { "$bulkhead" rollout "$@" deployment/checkout -n shop --kubeconfig "$hub_kubeconfig"; }
-checkout nginx:1.27 0 | "$kubectl" --kubeconfig "$hub_kubeconfig" apply -f - >/dev/null
-wait_until "checkout's first revision everywhere" 90 rollout_revision 1
-echo
-echo "== a good change (nginx:1.28): bulkhead rollout status deployment/checkout -n shop --watch"
-checkout nginx:1.28 0 | "$kubectl" --kubeconfig "$hub_kubeconfig" apply -f - >/dev/null
-wait_until "the hub took revision 2" 30 rollout_revision 2
-rollout status --watch || true
-echo
-echo "== a bad change (half of its requests fail): the canary's analysis fails, it is rolled back"
-checkout nginx:1.29 0.5 | "$kubectl" --kubeconfig "$hub_kubeconfig" apply -f - >/dev/null
-wait_until "the hub took revision 3" 30 rollout_revision 3
-rollout status --watch || true
-echo
-echo "== bulkhead rollout history deployment/checkout -n shop"
-rollout history || true
-
 echo
 e2e/lab status
 cat <<MSG
@@ -368,8 +290,6 @@ The lab keeps running in the background.
             kubectl --kubeconfig \$(e2e/lab kubeconfig east) -n shop get db,sts,deploy
   cut off:  e2e/lab partition east; e2e/lab heal east
   hub:      target/debug/bulkhead get clusters|bindings --kubeconfig \$(e2e/lab kubeconfig hub)
-  rollout:  target/debug/bulkhead rollout status deployment/checkout -n shop --kubeconfig \$(e2e/lab kubeconfig hub)
-            Prometheus at http://127.0.0.1:$prometheus_port (demo_requests_total)
   logs:     $lab_dir/bulkhead-hub.log, bulkhead-agent-<member>.log, bulkhead-webhook.log
   stop it:  make lab-down (stops the lab and every Bulkhead process of the demo)
 MSG
