@@ -20,8 +20,9 @@ struct Options {
     name: String,
     #[arg(long)]
     port: u16,
-    /// The lab's directory (default: $BULKHEAD_LAB_DIR, else the lab's default). On the
-    /// command line, `e2e/lab down` finds and stops this process with the lab.
+    /// The lab's directory (default: $BULKHEAD_LAB_DIR, else the lab's default). Give it
+    /// with a trailing `/` for `e2e/lab down` to find and stop this process with the lab
+    /// (it looks for `<lab dir>/` on command lines).
     #[arg(long)]
     lab_dir: Option<std::path::PathBuf>,
 }
