@@ -85,15 +85,7 @@ impl Prometheus {
 
     /// An instant query's first sample, if any.
     pub async fn query(&self, query: &str) -> Result<Option<f64>> {
-        let encoded: String = query
-            .bytes()
-            .map(|b| match b {
-                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                    (b as char).to_string()
-                }
-                _ => format!("%{b:02X}"),
-            })
-            .collect();
+        let encoded = bulkhead::hub::federation::analysis::url_encode(query);
         let (status, body) = http_get(self.port, &format!("/api/v1/query?query={encoded}")).await?;
         if status != 200 {
             bail!("prometheus answered {status}: {body}");

@@ -202,7 +202,7 @@ pub async fn alert(url: String, alert: Value) {
 }
 
 /// Percent-encodes a query for a URL's query string.
-fn url_encode(text: &str) -> String {
+pub fn url_encode(text: &str) -> String {
     text.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
