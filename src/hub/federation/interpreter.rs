@@ -36,6 +36,9 @@ pub struct Quirks {
     /// MyDatabase: the copy's whole status is kept, and the template's status has a row
     /// per cluster (`status.clusters`), sums and a phase.
     pub database_status: bool,
+    /// Deployment, StatefulSet: a count of 0 is left out of the status, so a missing
+    /// `updatedReplicas` is 0 (none of the current spec yet), not "does not say".
+    pub omits_zero_counts: bool,
 }
 
 /// Who said how a kind is read.
@@ -455,7 +458,10 @@ pub fn built_in_specs() -> Vec<(ResourceInterpreterSpec, Quirks)> {
                 health: ready_replicas(),
                 ..Default::default()
             },
-            Quirks::default(),
+            Quirks {
+                omits_zero_counts: true,
+                ..Default::default()
+            },
         ),
         (
             ResourceInterpreterSpec {
@@ -469,6 +475,7 @@ pub fn built_in_specs() -> Vec<(ResourceInterpreterSpec, Quirks)> {
             },
             Quirks {
                 retains_claims: true,
+                omits_zero_counts: true,
                 ..Default::default()
             },
         ),
