@@ -5,6 +5,7 @@
 //! webhook refuses what the hub could not evaluate.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -73,9 +74,41 @@ pub struct RolloutWave {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label_selector: Option<LabelSelector>,
 
+    /// How many of the wave's clusters are updated at once: a number (at least 1) or a
+    /// percentage of the wave's clusters (`50%`, rounded down, at least 1). The next
+    /// cluster of the wave (by name) gets the new revision when one updated before has
+    /// rolled out. Default: the whole wave at once. Within a cluster the copy's own
+    /// rolling update decides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable: Option<IntOrString>,
+
     /// After the wave passed: wait this long, or until `bulkhead rollout promote`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pause: Option<WavePause>,
+}
+
+impl RolloutWave {
+    /// How many of the wave's `clusters` may be updating at once (None: all of them), or
+    /// why `maxUnavailable` says nothing usable.
+    pub fn max_unavailable(&self, clusters: usize) -> Result<Option<usize>, String> {
+        let Some(value) = &self.max_unavailable else {
+            return Ok(None);
+        };
+        match value {
+            IntOrString::Int(n) if *n >= 1 => Ok(Some(*n as usize)),
+            IntOrString::Int(n) => Err(format!("{n} is below 1: the wave could never start")),
+            IntOrString::String(text) => {
+                let percent = text
+                    .strip_suffix('%')
+                    .and_then(|p| p.trim().parse::<u32>().ok())
+                    .filter(|p| (1..=100).contains(p))
+                    .ok_or_else(|| {
+                        format!("`{text}` is neither a number nor a percentage from 1% to 100%")
+                    })?;
+                Ok(Some((clusters * percent as usize / 100).max(1)))
+            }
+        }
+    }
 }
 
 /// A pause after a wave passed.
@@ -360,6 +393,27 @@ pub const LABEL_REVISION_OF: &str = "federation.example.com/revision-of";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn max_unavailable_is_a_count_or_a_share_of_the_wave() {
+        let wave = |value| RolloutWave {
+            max_unavailable: value,
+            ..RolloutWave::default()
+        };
+        assert_eq!(wave(None).max_unavailable(4), Ok(None));
+        assert_eq!(
+            wave(Some(IntOrString::Int(2))).max_unavailable(4),
+            Ok(Some(2))
+        );
+        let share = |text: &str| wave(Some(IntOrString::String(text.into())));
+        assert_eq!(share("50%").max_unavailable(5), Ok(Some(2)));
+        assert_eq!(share("10%").max_unavailable(3), Ok(Some(1)), "at least one");
+        assert_eq!(share("100%").max_unavailable(3), Ok(Some(3)));
+        for bad in ["0%", "150%", "half", "2"] {
+            assert!(share(bad).max_unavailable(3).unwrap_err().contains(bad));
+        }
+        assert!(wave(Some(IntOrString::Int(0))).max_unavailable(3).is_err());
+    }
 
     #[test]
     fn success_conditions_parse_and_judge() {

@@ -370,6 +370,11 @@ fn rollout_problems(object: &str, rollout: &crate::api::rollout::RolloutStrategy
                 "{object}: spec.rollout.waves[{i}] names no cluster; set clusters, zones or labelSelector"
             ));
         }
+        if let Err(error) = wave.max_unavailable(1) {
+            problems.push(format!(
+                "{object}: spec.rollout.waves[{i}].maxUnavailable {error}; give a number of clusters (1 or more) or a percentage of the wave's clusters such as 50%"
+            ));
+        }
         if let Some(pause) = &wave.pause
             && pause.manual == pause.seconds.is_some()
         {
@@ -910,6 +915,9 @@ mod tests {
                 seconds: Some(5),
                 manual: true,
             }),
+            max_unavailable: Some(
+                k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("all".into()),
+            ),
             ..Default::default()
         });
         let analysis = rollout.analysis.as_mut().unwrap();
@@ -920,6 +928,7 @@ mod tests {
         for expected in [
             "spec.rollout.waves[1] names no cluster",
             "spec.rollout.waves[1].pause needs exactly one",
+            "spec.rollout.waves[1].maxUnavailable `all` is neither a number nor a percentage",
             "spec.rollout.analysis.prometheus is `https://prometheus:9090`",
             "spec.rollout.analysis.metrics[0].successCondition `errors < 1`",
             "failureLimit 3 is not below count 3",

@@ -20,7 +20,8 @@ use crate::hub::federation::placement::ClusterView;
 use crate::hub::federation::propagation::{ClusterRevision, rolled_out};
 use crate::hub::federation::revisions::{revision_content, template_of};
 use crate::hub::federation::rollout::{
-    Command, RolloutCluster, RolloutInput, decide, measurement_due, wave_names, wave_of,
+    Command, ROLLOUT_CONDITIONS, RolloutCluster, RolloutInput, conditions, decide, measurement_due,
+    wave_names, wave_of,
 };
 use crate::hub::federation::scheduler::DesiredBinding;
 use crate::hub::federation::writer::ObjectKey;
@@ -36,6 +37,8 @@ pub struct RolloutStep {
     alert_webhook: Option<String>,
     revision: i64,
     stable_revision: i64,
+    /// A rollback that ended in this step: seconds since it began.
+    rollback_took: Option<f64>,
 }
 
 /// How soon a failed revision write is tried again.
@@ -159,7 +162,14 @@ pub(super) async fn step(
         measurement,
     });
 
-    record_metrics(context, key, resource, measurement_result, &decision, now);
+    record_metrics(context, key, resource, measurement_result, &decision);
+    let rollback_took = decision
+        .events
+        .iter()
+        .any(|e| e.reason == "RolledBack")
+        .then_some(decision.status.rollback_started_at.as_ref())
+        .flatten()
+        .map(|started| now.duration_since(started.0).as_secs_f64().max(0.0));
     let wake = decision.wake_at.map(|at| {
         Duration::from_millis((at.as_millisecond() - now.as_millisecond()).max(0) as u64)
     });
@@ -185,6 +195,25 @@ pub(super) async fn step(
         })
         .collect();
     let (revision, stable_revision) = (decision.status.revision, decision.status.stable_revision);
+    // Progressing and RolledBack, their transition times kept from the binding.
+    let mut kept: Vec<_> = existing
+        .and_then(|b| b.status.as_ref())
+        .map(|s| {
+            s.conditions
+                .iter()
+                .filter(|c| ROLLOUT_CONDITIONS.contains(&c.type_.as_str()))
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default();
+    for condition in conditions(&decision.status, template.metadata.generation) {
+        crate::api::set_condition(&mut kept, condition);
+    }
+    desired
+        .status
+        .conditions
+        .retain(|c| !ROLLOUT_CONDITIONS.contains(&c.type_.as_str()));
+    desired.status.conditions.extend(kept);
     desired.status.rollout = Some(decision.status);
     Ok(RolloutStep {
         clusters,
@@ -193,6 +222,7 @@ pub(super) async fn step(
         alert_webhook: strategy.alert_webhook.clone(),
         revision,
         stable_revision,
+        rollback_took,
     })
 }
 
@@ -208,6 +238,9 @@ pub(super) async fn announce(
 ) {
     let template_ref = template.object_ref(resource);
     let name = format!("{}/{}", key.namespace, key.name);
+    if let Some(seconds) = step.rollback_took {
+        context.metrics.rollback_seconds.observe(seconds);
+    }
     for event in &step.events {
         if event.warning {
             tracing::warn!(template = %name, reason = event.reason, message = %event.message, "rollout");
@@ -238,14 +271,14 @@ pub(super) async fn announce(
     }
 }
 
-/// `bulkhead_rollout_phase`, `_analysis_measurements_total`, `_rollback_seconds`.
+/// `bulkhead_rollout_phase`, `_analysis_measurements_total` (`_rollback_seconds` is
+/// observed by [`announce`], once the binding records the rollback's end).
 fn record_metrics(
     context: &Context,
     key: &ObjectKey,
     resource: &ApiResource,
     measured: Option<bool>,
     decision: &crate::hub::federation::rollout::RolloutDecision,
-    now: jiff::Timestamp,
 ) {
     use crate::api::rollout::RolloutPhase;
     use crate::hub::federation::context::{ResultLabel, RolloutLabels};
@@ -278,12 +311,5 @@ fn record_metrics(
                 result: if passed { "passed" } else { "failed" }.into(),
             })
             .inc();
-    }
-    if decision.events.iter().any(|e| e.reason == "RolledBack")
-        && let Some(started) = decision.status.rollback_started_at.as_ref()
-    {
-        metrics
-            .rollback_seconds
-            .observe(now.duration_since(started.0).as_secs_f64().max(0.0));
     }
 }

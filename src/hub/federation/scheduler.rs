@@ -178,7 +178,11 @@ pub fn scheduler_status(status: Option<&ResourceBindingStatus>) -> ResourceBindi
         conditions: status
             .conditions
             .iter()
-            .filter(|c| c.type_ == "Scheduled")
+            .filter(|c| {
+                c.type_ == "Scheduled"
+                    || crate::hub::federation::rollout::ROLLOUT_CONDITIONS
+                        .contains(&c.type_.as_str())
+            })
             .cloned()
             .collect(),
         decisions: status.decisions.clone(),
