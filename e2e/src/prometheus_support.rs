@@ -145,24 +145,33 @@ struct Counted {
     buckets: BTreeMap<String, f64>,
 }
 
-/// The last scrape, and what was counted per (cluster, revision).
-type Counters = (Instant, BTreeMap<(String, String), Counted>);
+/// What was counted per (cluster, revision), and when each member's copy was last read.
+#[derive(Default)]
+struct Counters {
+    counted: BTreeMap<(String, String), Counted>,
+    last_read: BTreeMap<String, Instant>,
+}
 
 /// The demo application's metrics endpoint, served until dropped.
 pub struct DemoApp {
     pub port: u16,
-    task: tokio::task::JoinHandle<()>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Drop for DemoApp {
     fn drop(&mut self) {
-        self.task.abort();
+        for task in &self.tasks {
+            task.abort();
+        }
     }
 }
 
 /// Requests per second each Ready replica serves.
 const REQUESTS_PER_REPLICA: f64 = 10.0;
 const BUCKETS: [f64; 5] = [0.05, 0.1, 0.25, 0.5, 1.0];
+/// How often each member's copy is read. The copies are read apart from the scrapes, so a
+/// slow member API server never makes a scrape miss Prometheus's 1 s timeout.
+const READ_EVERY: Duration = Duration::from_millis(500);
 
 impl DemoApp {
     /// Serves `/metrics` for the Deployment `name` in `namespace` of every member.
@@ -183,23 +192,27 @@ impl DemoApp {
     ) -> Result<Self> {
         let listener = TcpListener::bind(("127.0.0.1", port)).await?;
         let port = listener.local_addr()?.port();
-        let state: Arc<Mutex<Counters>> = Arc::new(Mutex::new((Instant::now(), BTreeMap::new())));
-        let (namespace, name) = (namespace.to_string(), name.to_string());
-        let task = tokio::spawn(async move {
+        let state: Arc<Mutex<Counters>> = Arc::default();
+        let mut tasks = vec![];
+        for (cluster, client) in members {
+            let (state, namespace, name) = (state.clone(), namespace.to_string(), name.to_string());
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    count(&cluster, &client, &state, &namespace, &name).await;
+                    tokio::time::sleep(READ_EVERY).await;
+                }
+            }));
+        }
+        tasks.push(tokio::spawn(async move {
             loop {
                 let Ok((mut stream, _)) = listener.accept().await else {
                     continue;
                 };
-                let (members, state, namespace, name) = (
-                    members.clone(),
-                    state.clone(),
-                    namespace.clone(),
-                    name.clone(),
-                );
+                let state = state.clone();
                 tokio::spawn(async move {
                     let mut request = [0u8; 4096];
                     let _ = stream.read(&mut request).await;
-                    let body = scrape(&members, &state, &namespace, &name).await;
+                    let body = render(&state);
                     let _ = stream
                         .write_all(
                             format!(
@@ -211,8 +224,8 @@ impl DemoApp {
                         .await;
                 });
             }
-        });
-        Ok(Self { port, task })
+        }));
+        Ok(Self { port, tasks })
     }
 
     pub fn target(&self) -> String {
@@ -220,65 +233,70 @@ impl DemoApp {
     }
 }
 
-/// Counts the requests served since the last scrape by each member's copy (at its
-/// revision, error share and latency), then prints every series.
-async fn scrape(
-    members: &BTreeMap<String, Client>,
+/// Reads `cluster`'s copy and counts the requests it served since its last read (at its
+/// revision, error share and latency). A copy that cannot be read serves nothing.
+async fn count(
+    cluster: &str,
+    client: &Client,
     state: &Mutex<Counters>,
     namespace: &str,
     name: &str,
-) -> String {
+) {
     let deployments = kube::api::ApiResource::erase::<k8s_openapi::api::apps::v1::Deployment>(&());
-    let mut running = vec![];
-    for (cluster, client) in members {
-        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &deployments);
-        let Ok(Ok(Some(copy))) =
-            tokio::time::timeout(Duration::from_secs(2), api.get_opt(name)).await
-        else {
-            continue;
-        };
-        let revision = copy
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(bulkhead::api::rollout::ANNOTATION_REVISION).cloned())
-            .unwrap_or_else(|| "none".into());
-        let env = |key: &str| -> f64 {
-            copy.data["spec"]["template"]["spec"]["containers"][0]["env"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|e| e["name"] == key)
-                .and_then(|e| e["value"].as_str()?.parse().ok())
-                .unwrap_or(0.0)
-        };
-        let ready = copy.data["status"]["readyReplicas"].as_f64().unwrap_or(0.0);
-        running.push((
-            cluster.clone(),
-            revision,
-            ready,
-            env("DEMO_ERROR_RATE"),
-            env("DEMO_LATENCY_SECONDS").max(0.01),
-        ));
-    }
-    let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
-    let elapsed = state.0.elapsed().as_secs_f64();
-    state.0 = Instant::now();
-    for (cluster, revision, ready, error_rate, latency) in running {
-        let served = ready * REQUESTS_PER_REPLICA * elapsed;
-        let counted = state.1.entry((cluster, revision)).or_default();
-        counted.requests += served;
-        counted.errors += served * error_rate.clamp(0.0, 1.0);
-        counted.latency_sum += served * latency;
-        for le in BUCKETS {
-            *counted.buckets.entry(format!("{le}")).or_default() +=
-                if latency <= le { served } else { 0.0 };
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &deployments);
+    let copy = match tokio::time::timeout(Duration::from_secs(2), api.get_opt(name)).await {
+        Ok(Ok(Some(copy))) => copy,
+        _ => {
+            let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+            state.last_read.insert(cluster.to_string(), Instant::now());
+            return;
         }
+    };
+    let revision = copy
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(bulkhead::api::rollout::ANNOTATION_REVISION).cloned())
+        .unwrap_or_else(|| "none".into());
+    let env = |key: &str| -> f64 {
+        copy.data["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["name"] == key)
+            .and_then(|e| e["value"].as_str()?.parse().ok())
+            .unwrap_or(0.0)
+    };
+    let ready = copy.data["status"]["readyReplicas"].as_f64().unwrap_or(0.0);
+    let error_rate = env("DEMO_ERROR_RATE").clamp(0.0, 1.0);
+    let latency = env("DEMO_LATENCY_SECONDS").max(0.01);
+    let now = Instant::now();
+    let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+    let elapsed = state
+        .last_read
+        .insert(cluster.to_string(), now)
+        .map_or(0.0, |last| (now - last).as_secs_f64());
+    let served = ready * REQUESTS_PER_REPLICA * elapsed;
+    let counted = state
+        .counted
+        .entry((cluster.to_string(), revision))
+        .or_default();
+    counted.requests += served;
+    counted.errors += served * error_rate;
+    counted.latency_sum += served * latency;
+    for le in BUCKETS {
+        *counted.buckets.entry(format!("{le}")).or_default() +=
+            if latency <= le { served } else { 0.0 };
     }
+}
+
+/// Every series counted so far, in Prometheus's text format.
+fn render(state: &Mutex<Counters>) -> String {
+    let state = state.lock().unwrap_or_else(|p| p.into_inner());
     let mut text = String::from(
         "# TYPE demo_requests_total counter\n# TYPE demo_request_duration_seconds histogram\n",
     );
-    for ((cluster, revision), counted) in &state.1 {
+    for ((cluster, revision), counted) in &state.counted {
         let labels = format!("cluster=\"{cluster}\",revision=\"{revision}\"");
         let ok = counted.requests - counted.errors;
         text.push_str(&format!(
