@@ -328,8 +328,12 @@ pub fn statefulset(database: &MyDatabase, settings: &PodSettings) -> StatefulSet
             // base backup needs a running primary.
             pod_management_policy: Some("OrderedReady".into()),
             revision_history_limit: Some(5),
+            // The agent replaces the pods of a new template itself, standbys first and
+            // the primary after a switchover (`upgrade::next`): the StatefulSet's own
+            // rolling update goes by ordinal and would restart the primary whenever its
+            // turn came.
             update_strategy: Some(StatefulSetUpdateStrategy {
-                type_: Some("RollingUpdate".into()),
+                type_: Some("OnDelete".into()),
                 ..Default::default()
             }),
             // The StatefulSet never deletes a claim. whenDeleted: Delete would make the
@@ -697,7 +701,7 @@ mod tests {
                 "serviceName": "orders-headless",
                 "podManagementPolicy": "OrderedReady",
                 "revisionHistoryLimit": 5,
-                "updateStrategy": {"type": "RollingUpdate"},
+                "updateStrategy": {"type": "OnDelete"},
                 "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain", "whenScaled": "Retain"},
                 "selector": {"matchLabels": {"example.com/database": "orders"}},
                 "template": {

@@ -4,7 +4,9 @@
 //! them, tells every instance its role (which is also how an instance knows the agent is
 //! there), and labels each pod with the role PostgreSQL runs in, which the Services
 //! select by. What it saw goes into the MyDatabase's status through the reconciler
-//! ([`Views`]): instances, `PrimaryAvailable`, `ReplicationHealthy`.
+//! ([`Views`]): instances, `PrimaryAvailable`, `ReplicationHealthy`. A version upgrade
+//! replaces the pods one by one, standbys first and the primary after a switchover
+//! ([`upgrade::next`]).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -12,8 +14,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -23,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::builders::{self, LABEL_DATABASE, LABEL_ROLE, POSTGRES_PORT, ReadOnlyReason};
 use super::roles::{self, Recorded, RoleDecision, RoleInput};
+use super::upgrade::{self, UpgradeInput, UpgradePod, UpgradeStep};
 use crate::api::MyDatabase;
 use crate::api::instance::{INSTANCE_PORT, InstanceStatus, Role, parse_lsn};
 use crate::api::mydatabase::DatabaseInstanceStatus;
@@ -143,12 +147,19 @@ struct Tracked {
     switchover: Option<Instant>,
     /// No switchover begins before this (the last one did not complete in time).
     switchover_hold: Option<Instant>,
+    /// The pod an upgrade deleted last (name, UID): nothing else is replaced while it is
+    /// still listed.
+    replaced: Option<(String, String)>,
+    /// The primary an upgrade is switching over (asked for until the record names
+    /// another instance, through the rounds in which the upgrade waits).
+    upgrade_switchover: Option<String>,
 }
 
 /// Everything one round needs.
 struct Loop {
     client: Client,
     pods: Store<Pod>,
+    statefulsets: Store<StatefulSet>,
     fenced: watch::Receiver<bool>,
     views: Views,
     changed: mpsc::Sender<ObjectRef<MyDatabase>>,
@@ -177,34 +188,45 @@ pub async fn run(
     settings: InstanceSettings,
     shutdown: CancellationToken,
 ) {
-    let (databases_api, pods_api): (Api<MyDatabase>, Api<Pod>) = match &namespace {
-        Some(ns) => (
-            Api::namespaced(client.clone(), ns),
-            Api::namespaced(client.clone(), ns),
-        ),
-        None => (Api::all(client.clone()), Api::all(client.clone())),
-    };
+    let (databases_api, pods_api, statefulsets_api): (Api<MyDatabase>, Api<Pod>, Api<StatefulSet>) =
+        match &namespace {
+            Some(ns) => (
+                Api::namespaced(client.clone(), ns),
+                Api::namespaced(client.clone(), ns),
+                Api::namespaced(client.clone(), ns),
+            ),
+            None => (
+                Api::all(client.clone()),
+                Api::all(client.clone()),
+                Api::all(client.clone()),
+            ),
+        };
     let (databases, databases_writer) = reflector::store();
     let (pods, pods_writer) = reflector::store();
     let database_watch = watcher(databases_api, watcher::Config::default())
         .default_backoff()
         .reflect(databases_writer)
         .for_each(|_| async {});
-    let pod_watch = watcher(
-        pods_api,
-        watcher::Config::default().labels(&format!(
-            "app.kubernetes.io/managed-by=bulkhead-agent,{LABEL_DATABASE}"
-        )),
+    let children = format!("app.kubernetes.io/managed-by=bulkhead-agent,{LABEL_DATABASE}");
+    let pod_watch = watcher(pods_api, watcher::Config::default().labels(&children))
+        .default_backoff()
+        .reflect(pods_writer)
+        .for_each(|_| async {});
+    let (statefulsets, statefulsets_writer) = reflector::store();
+    let statefulset_watch = watcher(
+        statefulsets_api,
+        watcher::Config::default().labels(&children),
     )
     .default_backoff()
-    .reflect(pods_writer)
+    .reflect(statefulsets_writer)
     .for_each(|_| async {});
     let watches = tokio::spawn(async move {
-        futures::join!(database_watch, pod_watch);
+        futures::join!(database_watch, pod_watch, statefulset_watch);
     });
     let context = Loop {
         client,
         pods,
+        statefulsets,
         fenced,
         views,
         changed,
@@ -232,6 +254,8 @@ pub async fn run(
                 token: None,
                 switchover: None,
                 switchover_hold: None,
+                replaced: None,
+                upgrade_switchover: None,
             });
         }
         // Every database's round at once: a silent pod costs its database the request
@@ -243,6 +267,18 @@ pub async fn run(
         futures::future::join_all(rounds).await;
     }
     watches.abort();
+}
+
+/// Whether the pod's Ready condition is True.
+fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
 }
 
 /// A pod's ordinal (`orders-2` -> 2).
@@ -338,6 +374,13 @@ impl Loop {
             .filter(|k| *k > 0)
             .unwrap_or(u32::MAX);
         let switchover_allowed = tracked.switchover_hold.is_none_or(|until| now >= until);
+        let upgrade = self.upgrade_step(&database, &pods, &names, &asked, read_only, tracked);
+        tracked.upgrade_switchover = upgrade::switching_over(
+            upgrade.as_ref(),
+            tracked.upgrade_switchover.take(),
+            tracked.recorded.primary.as_deref(),
+        );
+        let replacing = tracked.upgrade_switchover.clone();
         let mut told: Option<RoleDecision> = None;
         // At most two decisions: a new record, then the roles under it.
         for _ in 0..2 {
@@ -373,6 +416,7 @@ impl Loop {
                 port: POSTGRES_PORT as u16,
                 synchronous,
                 keep,
+                replacing: replacing.as_deref(),
                 switchover_allowed,
             });
             match decision {
@@ -553,6 +597,13 @@ impl Loop {
             }
         }
 
+        if let Some(UpgradeStep::Replace { pod, why }) = &upgrade
+            && switching_to.is_none()
+            && let Some(target) = pods.iter().find(|p| p.name_any() == *pod)
+        {
+            self.replace(&database, target, why, tracked).await;
+        }
+
         let view = view(
             &names,
             &latest,
@@ -614,6 +665,95 @@ impl Loop {
             Err(error) => {
                 tracing::info!(database = %key(database), %error, "recording the primary failed; trying again next round");
                 false
+            }
+        }
+    }
+
+    /// What a version upgrade does this round (None: the StatefulSet is not known yet).
+    fn upgrade_step(
+        &self,
+        database: &MyDatabase,
+        pods: &[Arc<Pod>],
+        names: &[String],
+        asked: &[Option<InstanceStatus>],
+        read_only: Option<ReadOnlyReason>,
+        tracked: &mut Tracked,
+    ) -> Option<UpgradeStep> {
+        let namespace = database.namespace();
+        let statefulset = self
+            .statefulsets
+            .state()
+            .into_iter()
+            .find(|s| s.namespace() == namespace && s.name_any() == database.name_any())?;
+        if let Some((_, uid)) = &tracked.replaced {
+            if pods.iter().any(|p| p.uid().as_ref() == Some(uid)) {
+                return Some(UpgradeStep::Wait("a replaced pod is still going".into()));
+            }
+            tracked.replaced = None;
+        }
+        let status = statefulset.status.as_ref();
+        let update_revision = status.and_then(|s| s.update_revision.as_deref());
+        let observed = update_revision.is_some()
+            && status.and_then(|s| s.observed_generation) >= statefulset.metadata.generation;
+        let upgrade_pods: Vec<UpgradePod<'_>> = pods
+            .iter()
+            .zip(names)
+            .zip(asked)
+            .map(|((pod, name), answer)| UpgradePod {
+                name,
+                updated: pod
+                    .labels()
+                    .get("controller-revision-hash")
+                    .map(String::as_str)
+                    == update_revision,
+                ready: pod_ready(pod),
+                answers: answer.is_some(),
+            })
+            .collect();
+        Some(upgrade::next(&UpgradeInput {
+            pods: &upgrade_pods,
+            replicas: statefulset
+                .spec
+                .as_ref()
+                .and_then(|s| s.replicas)
+                .unwrap_or(1)
+                .max(0) as usize,
+            primary: tracked.recorded.primary.as_deref(),
+            fenced: read_only.map(ReadOnlyReason::words),
+            switching: tracked.switchover.is_some(),
+            observed,
+        }))
+    }
+
+    /// Deletes a database pod still on an old template (by name, with its UID as a
+    /// precondition); the StatefulSet creates it again from the current one.
+    async fn replace(&self, database: &MyDatabase, pod: &Pod, why: &str, tracked: &mut Tracked) {
+        let name = pod.name_any();
+        let pods: Api<Pod> =
+            Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: pod.uid(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match pods.delete(&name, &params).await {
+            Ok(_) => {
+                tracing::info!(database = %key(database), pod = %name, why, "replacing a pod with the new template");
+                tracked.replaced = pod.uid().map(|uid| (name.clone(), uid));
+                super::reconciler::publish(
+                    &self.recorder,
+                    database,
+                    EventType::Normal,
+                    "Upgrading",
+                    format!("replacing {name} with the new pod template: {why}"),
+                    "Upgrade",
+                )
+                .await;
+            }
+            Err(error) => {
+                tracing::info!(database = %key(database), pod = %name, %error, "replacing a pod failed; trying again next round");
             }
         }
     }

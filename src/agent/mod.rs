@@ -5,6 +5,7 @@
 //! - `fence`: the hub-lease watcher that decides whether this member is fenced;
 //! - `volumes`: what a deletion does with the volumes, and their reuse (pure);
 //! - `roles`: which instance of a database is its primary (pure);
+//! - `upgrade`: which database pod a version upgrade replaces next (pure);
 //! - `instances`: asks and tells each database pod's instance manager, every round;
 //! - `reconciler`: read -> build -> apply -> report.
 
@@ -14,6 +15,7 @@ pub mod instances;
 pub mod reconciler;
 pub mod roles;
 pub mod status;
+pub mod upgrade;
 pub mod volumes;
 
 use std::sync::Arc;

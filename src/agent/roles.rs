@@ -19,7 +19,11 @@
 //!   primary), the primary is switched over first, with nothing lost: it is demoted (its
 //!   sessions end, it writes nothing more), the kept standby with the most WAL receives
 //!   everything it wrote, and only then is that standby recorded and promoted. The
-//!   reconciler keeps the primary's pod until the record names a kept instance.
+//!   reconciler keeps the primary's pod until the record names a kept instance;
+//! - a version upgrade (a new pod template) replaces the standbys first, one at a time;
+//!   when only the primary's pod is left on the old template, it is switched over the
+//!   same way to an upgraded standby before its pod is replaced
+//!   ([`RoleInput::replacing`]).
 
 use std::time::Duration;
 
@@ -61,6 +65,9 @@ pub struct RoleInput<'a> {
     pub synchronous: u32,
     /// Instances whose ordinal is this or more are being removed by a scale-down.
     pub keep: u32,
+    /// The instance an upgrade replaces next: when it is the recorded primary, the
+    /// primary is switched over to another instance first, as for a scale-down.
+    pub replacing: Option<&'a str>,
     /// Whether a switchover may begin or go on (the caller stops one that does not
     /// complete in time, and waits before it tries again).
     pub switchover_allowed: bool,
@@ -115,7 +122,17 @@ pub fn decide(input: &RoleInput<'_>) -> RoleDecision {
     let term = input.recorded.term;
     let recorded_primary = input.instances.iter().find(|i| i.pod == primary);
     let answers = recorded_primary.is_some_and(|i| i.status.is_some());
-    let kept = |pod: &str| ordinal_of(pod).is_some_and(|o| o < input.keep);
+    let kept =
+        |pod: &str| ordinal_of(pod).is_some_and(|o| o < input.keep) && input.replacing != Some(pod);
+    // Why the recorded primary's pod goes (when it does).
+    let leaving = if ordinal_of(primary).is_some_and(|o| o < input.keep) {
+        format!("the upgrade replaces {primary}'s pod")
+    } else {
+        format!(
+            "the scale-down to {} instances removes {primary}",
+            input.keep
+        )
+    };
     if !answers
         && input.fenced.is_none()
         && input
@@ -139,7 +156,8 @@ pub fn decide(input: &RoleInput<'_>) -> RoleDecision {
             switchover: false,
         };
     }
-    // A scale-down removes the primary's pod: switch over to a kept standby first.
+    // A scale-down removes the primary's pod, or an upgrade replaces it: switch over to a
+    // kept standby first.
     let mut switching: Option<(&Instance<'_>, String)> = None;
     if input.fenced.is_none()
         && input.switchover_allowed
@@ -160,8 +178,7 @@ pub fn decide(input: &RoleInput<'_>) -> RoleDecision {
                 primary: candidate.pod.to_string(),
                 term: term + 1,
                 why: format!(
-                    "switchover before the scale-down to {} instances removes {primary}: {} has received everything {primary} wrote ({})",
-                    input.keep,
+                    "switchover before {leaving}: {} has received everything {primary} wrote ({})",
                     candidate.pod,
                     format_lsn(end)
                 ),
@@ -180,8 +197,8 @@ pub fn decide(input: &RoleInput<'_>) -> RoleDecision {
         switching = Some((
             candidate,
             format!(
-                "switching the primary over from {primary} to {} before the scale-down to {} instances removes {primary}: {waiting}",
-                candidate.pod, input.keep
+                "switching the primary over from {primary} to {} before {leaving}: {waiting}",
+                candidate.pod
             ),
         ));
     }
@@ -204,10 +221,7 @@ pub fn decide(input: &RoleInput<'_>) -> RoleDecision {
                 (None, Some((candidate, _))) => (
                     Role::Standby,
                     None,
-                    format!(
-                        "switching over to {}: a scale-down removes this instance",
-                        candidate.pod
-                    ),
+                    format!("switching over to {}: {leaving}", candidate.pod),
                 ),
                 (None, None) => (Role::Primary, None, "the recorded primary".to_string()),
             }
@@ -237,8 +251,7 @@ pub fn decide(input: &RoleInput<'_>) -> RoleDecision {
         (Some(why), _, _) => format!("fenced ({why}): every instance is a hot standby"),
         (None, true, Some((_, words))) => words,
         (None, true, None) if !kept(primary) => format!(
-            "{primary} is the primary (term {term}); the scale-down to {} instances waits {}",
-            input.keep,
+            "{primary} is the primary (term {term}); {leaving} after a switchover, which waits {}",
             if input.switchover_allowed {
                 "for a standby it keeps to be ready to take over"
             } else {
@@ -329,6 +342,7 @@ mod tests {
             port: 5432,
             synchronous: 1,
             keep: u32::MAX,
+            replacing: None,
             switchover_allowed: true,
         }
     }

@@ -74,8 +74,14 @@ pub fn cluster_role() -> ClusterRole {
             // The instance and application Secrets: made once, never changed (get to read
             // the token the instances share with the agent).
             rule(&[""], &["secrets"], &["get", "create"]),
-            // patch: each database pod's role label.
-            rule(&[""], &["pods"], &["get", "list", "watch", "patch"]),
+            // patch: each database pod's role label; delete: a version upgrade replaces
+            // the database pods on an old template one at a time, by name with a UID
+            // precondition (standbys first, the primary after a switchover).
+            rule(
+                &[""],
+                &["pods"],
+                &["get", "list", "watch", "patch", "delete"],
+            ),
             rule(
                 &[""],
                 &["persistentvolumeclaims"],
@@ -250,10 +256,10 @@ mod tests {
             ["get", "create"],
             "Secrets: the databases' own, made once; never listed, watched, changed or deleted"
         );
-        assert!(
-            !verbs_for("pods").contains(&"delete".to_string())
-                && !verbs_for("pods").contains(&"update".to_string()),
-            "pods: only their role label is patched"
+        assert_eq!(
+            verbs_for("pods"),
+            ["get", "list", "watch", "patch", "delete"],
+            "pods: their role label is patched, an upgrade deletes them one by one; never updated"
         );
         let claims = verbs_for("persistentvolumeclaims");
         assert!(
