@@ -85,6 +85,81 @@ async fn write_rows(
     Ok(())
 }
 
+/// A client inserting through `orders-rw` all along (ids from 1000), running 2 s when
+/// `start` returns.
+struct RwWriter {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    acked: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<(Vec<i32>, Duration)>,
+}
+
+impl RwWriter {
+    async fn start(client: &Client, ns: &str, credentials: &AppCredentials) -> Self {
+        let stop = std::sync::Arc::<std::sync::atomic::AtomicBool>::default();
+        let acked = std::sync::Arc::<std::sync::atomic::AtomicUsize>::default();
+        let task = tokio::spawn(write_through(
+            client.clone(),
+            ns.to_string(),
+            "orders-rw".into(),
+            credentials.clone(),
+            1000,
+            stop.clone(),
+            acked.clone(),
+        ));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        RwWriter { stop, acked, task }
+    }
+
+    /// How many writes were acknowledged so far.
+    fn acknowledged(&self) -> usize {
+        self.acked.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Stops; every acknowledged id, and the longest wait between two acknowledgements.
+    async fn finish(self) -> Result<(Vec<i32>, Duration)> {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        Ok(self.task.await?)
+    }
+}
+
+/// The rows written before (ids 0..20) and every write acknowledged through `-rw` are on
+/// the primary at `leader`, and writes went on after `what` (more than `acked_before`).
+async fn nothing_lost(
+    leader: Ipv4Addr,
+    credentials: &AppCredentials,
+    acknowledged: &[i32],
+    acked_before: usize,
+    what: &str,
+) -> Result<()> {
+    let (rows, lost) = rows_and_lost(leader, credentials, acknowledged).await?;
+    assert!(
+        (0..20).all(|id| rows.contains(&id)),
+        "the rows written first are there"
+    );
+    assert!(
+        lost.is_empty(),
+        "acknowledged writes lost by {what}: {lost:?}"
+    );
+    assert!(
+        acknowledged.len() > acked_before,
+        "writes go on through -rw after {what}"
+    );
+    Ok(())
+}
+
+/// The reasons of the Events in `ns`.
+async fn event_reasons(client: &Client, ns: &str) -> Result<Vec<String>> {
+    Ok(
+        Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), ns)
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .filter_map(|e| e.reason)
+            .collect(),
+    )
+}
+
 async fn count(client: &tokio_postgres::Client) -> Result<i64> {
     Ok(client
         .query_one("SELECT count(*) FROM orders", &[])
@@ -554,9 +629,6 @@ async fn scaling_down_to_one_and_back_loses_no_acknowledged_write() -> Result<()
 /// write, and the StatefulSet shrinks only once the kept instance leads.
 #[tokio::test]
 async fn a_scale_down_that_removes_the_primary_switches_over_first() -> Result<()> {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-
     let cluster = "west";
     let (lab, namespace, client) = setup(cluster, "pg-switchover").await?;
     let ns = namespace.name.as_str();
@@ -594,18 +666,7 @@ async fn a_scale_down_that_removes_the_primary_switches_over_first() -> Result<(
 
     // Writes flow through -rw all along; then the scale-down to 1, which removes the
     // primary's pod.
-    let stop = Arc::new(AtomicBool::new(false));
-    let acked = Arc::new(AtomicUsize::new(0));
-    let writer = tokio::spawn(write_through(
-        client.clone(),
-        ns.to_string(),
-        "orders-rw".into(),
-        credentials.clone(),
-        1000,
-        stop.clone(),
-        acked.clone(),
-    ));
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let writer = RwWriter::start(&client, ns, &credentials).await;
     let scaled_at = Instant::now();
     api.patch_scale(
         "orders",
@@ -617,10 +678,9 @@ async fn a_scale_down_that_removes_the_primary_switches_over_first() -> Result<(
         .await
         .with_context(|| format!("agent log:\n{}", agent.log_tail()))?;
     let switched = scaled_at.elapsed();
-    let acked_before = acked.load(Ordering::SeqCst);
+    let acked_before = writer.acknowledged();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    stop.store(true, Ordering::SeqCst);
-    let (acknowledged, longest_gap) = writer.await?;
+    let (acknowledged, longest_gap) = writer.finish().await?;
 
     let db = api.get("orders").await?;
     let status = db.status.unwrap_or_default();
@@ -638,32 +698,172 @@ async fn a_scale_down_that_removes_the_primary_switches_over_first() -> Result<(
         Some(kept.to_string().as_str()),
         "-rw selects orders-0"
     );
-    let (rows, lost) = rows_and_lost(kept, &credentials, &acknowledged).await?;
     eprintln!(
         "switchover from {promoted} to orders-0 for the scale-down: settled {switched:?} after the scale; {} writes acknowledged through -rw, longest gap {longest_gap:?}",
         acknowledged.len()
     );
+    nothing_lost(
+        kept,
+        &credentials,
+        &acknowledged,
+        acked_before,
+        "the switchover",
+    )
+    .await?;
+    let reasons = event_reasons(&client, ns).await?;
     assert!(
-        (0..20).all(|id| rows.contains(&id)),
-        "the rows written before the failover are there"
+        reasons.iter().any(|r| r == "Switchover"),
+        "a Switchover Event on the MyDatabase: {reasons:?}"
     );
-    assert!(
-        lost.is_empty(),
-        "acknowledged writes lost by the switchover: {lost:?}"
-    );
-    assert!(
-        acknowledged.len() > acked_before,
-        "writes go on through -rw after the switchover"
-    );
-    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), ns)
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_version_upgrade_replaces_the_standbys_first_and_the_primary_after_a_switchover()
+-> Result<()> {
+    use k8s_openapi::api::apps::v1::StatefulSet;
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::ResourceExt;
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex};
+
+    let cluster = "west";
+    let (lab, namespace, client) = setup(cluster, "pg-upgrade").await?;
+    let ns = namespace.name.as_str();
+    let agent = agent(&lab, cluster, ns, &["--no-fencing"])?;
+    let api: Api<MyDatabase> = Api::namespaced(client.clone(), ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let (primary, credentials) = database_up(&client, ns, "orders", (3, 0), &agent).await?;
+    write_rows(&connect(primary, &credentials).await?, 0..20, true).await?;
+    let before = api.get("orders").await?.status.unwrap_or_default();
+    assert_eq!(before.primary.as_deref(), Some("orders-0"));
+
+    // When each pod was first seen with a new UID (replaced), polled every 200 ms.
+    let replaced: Arc<Mutex<BTreeMap<String, Instant>>> = Arc::default();
+    let first_uids: BTreeMap<String, String> = pods
         .list(&Default::default())
-        .await?;
+        .await?
+        .items
+        .iter()
+        .filter_map(|p| Some((p.name_any(), p.uid()?)))
+        .collect();
+    let poller = {
+        let (pods, replaced) = (pods.clone(), replaced.clone());
+        tokio::spawn(async move {
+            loop {
+                if let Ok(list) = pods.list(&Default::default()).await {
+                    let mut replaced = replaced.lock().unwrap();
+                    for pod in &list.items {
+                        let name = pod.name_any();
+                        if first_uids.get(&name) != pod.uid().as_ref() {
+                            replaced.entry(name).or_insert_with(Instant::now);
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
+
+    // Writes through -rw all along; then a new version (a new pod template).
+    let writer = RwWriter::start(&client, ns, &credentials).await;
+    let statefulsets: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+    let old_revision = statefulsets
+        .get("orders")
+        .await?
+        .status
+        .and_then(|s| s.update_revision);
+    let upgraded_at = Instant::now();
+    api.patch(
+        "orders",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&serde_json::json!({"spec": {"version": "15.2"}})),
+    )
+    .await?;
+    wait_for(
+        "every pod on the new template",
+        Duration::from_secs(240),
+        || {
+            let (statefulsets, pods) = (statefulsets.clone(), pods.clone());
+            let old_revision = old_revision.clone();
+            async move {
+                let Ok(set) = statefulsets.get("orders").await else {
+                    return Check::Waiting("no StatefulSet".into());
+                };
+                let Some(revision) = set
+                    .status
+                    .and_then(|s| s.update_revision)
+                    .filter(|r| Some(r) != old_revision.as_ref())
+                else {
+                    return Check::Waiting("the StatefulSet has not taken the new version".into());
+                };
+                let Ok(list) = pods.list(&Default::default()).await else {
+                    return Check::Waiting("no pods".into());
+                };
+                let old: Vec<String> = list
+                    .items
+                    .iter()
+                    .filter(|p| p.labels().get("controller-revision-hash") != Some(&revision))
+                    .map(|p| p.name_any())
+                    .collect();
+                if old.is_empty() && list.items.len() == 3 {
+                    Check::Done(())
+                } else {
+                    Check::Waiting(format!("on the old template: {old:?}"))
+                }
+            }
+        },
+    )
+    .await
+    .with_context(|| format!("agent log:\n{}", agent.log_tail()))?;
+    let leader = wait_streaming(&client, ns, "orders")
+        .await
+        .with_context(|| format!("agent log:\n{}", agent.log_tail()))?;
+    let took = upgraded_at.elapsed();
+    let acked_before = writer.acknowledged();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (acknowledged, longest_gap) = writer.finish().await?;
+    poller.abort();
+
+    let replaced = replaced.lock().unwrap().clone();
+    let at = |pod: &str| {
+        replaced
+            .get(pod)
+            .copied()
+            .unwrap_or_else(|| panic!("{pod} was never replaced: {replaced:?}"))
+    };
     assert!(
-        events
-            .items
+        at("orders-2") < at("orders-1") && at("orders-1") < at("orders-0"),
+        "the standbys first (highest ordinal first), the primary's pod last: {:?}",
+        replaced
             .iter()
-            .any(|e| e.reason.as_deref() == Some("Switchover")),
-        "a Switchover Event on the MyDatabase"
+            .map(|(pod, when)| (pod, when.duration_since(upgraded_at)))
+            .collect::<Vec<_>>()
     );
+    let status = api.get("orders").await?.status.unwrap_or_default();
+    assert_ne!(
+        status.primary.as_deref(),
+        Some("orders-0"),
+        "the primary was switched over to an upgraded instance before its pod went"
+    );
+    assert_eq!(status.term, before.term + 1, "one switchover, no failover");
+    eprintln!(
+        "upgrade of 3 instances: done {took:?} after the change; the primary switched over to {:?}; {} writes acknowledged through -rw, longest gap {longest_gap:?}",
+        status.primary,
+        acknowledged.len()
+    );
+    nothing_lost(
+        leader,
+        &credentials,
+        &acknowledged,
+        acked_before,
+        "the upgrade",
+    )
+    .await?;
+    let reasons = event_reasons(&client, ns).await?;
+    // (Events of the same reason are one Event with a count, by the recorder.)
+    for reason in ["Upgrading", "Switchover"] {
+        assert!(reasons.iter().any(|r| r == reason), "{reason}: {reasons:?}");
+    }
     Ok(())
 }
