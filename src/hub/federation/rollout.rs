@@ -41,6 +41,10 @@ pub struct RolloutCluster<'a> {
     /// The cluster counts as Ready (for a stateful kind: trusted, as for the partition
     /// freeze).
     pub ready: bool,
+    /// Its MemberCluster is Ready. A cluster that is but does not count as Ready (its
+    /// copies not listed yet after a hub restart or a leader change, or in doubt) holds
+    /// the rollout as well, without restarting the health wait.
+    pub member_ready: bool,
     /// The revision its copy holds (its annotation); None: no copy, or not known.
     pub running: Option<i64>,
     /// Its copy has rolled out its current spec: Ready at its target by the kind's health
@@ -522,7 +526,9 @@ impl Step<'_, '_> {
         }
         // The stateful rules win: nothing moves while a cluster is not Ready.
         if !self.status.waiting_for.is_empty() {
-            self.status.healthy_since = None;
+            if self.input.clusters.iter().any(|c| !c.member_ready) {
+                self.status.healthy_since = None;
+            }
             if self.input.revision == self.status.revision {
                 self.status.message = format!(
                     "waiting for the partition: {} not Ready; nothing rolls forward or back until it is",
@@ -866,6 +872,8 @@ mod tests {
         names: Vec<&'static str>,
         running: BTreeMap<String, i64>,
         cut: Vec<&'static str>,
+        /// Clusters whose copies the hub has not listed (a restarted hub).
+        unlisted: Vec<&'static str>,
         status: Option<RolloutStatus>,
         now: Timestamp,
         /// Every revision each cluster was ever assigned.
@@ -879,6 +887,7 @@ mod tests {
                 names: vec!["east", "west", "north"],
                 running: BTreeMap::new(),
                 cut: vec![],
+                unlisted: vec![],
                 status: None,
                 now: Timestamp::from_second(1_800_000_000).unwrap(),
                 seen: BTreeMap::new(),
@@ -891,7 +900,8 @@ mod tests {
                 .map(|name| RolloutCluster {
                     name,
                     wave: wave_of(&self.strategy, name, None, &BTreeMap::new()),
-                    ready: !self.cut.contains(name),
+                    ready: !self.cut.contains(name) && !self.unlisted.contains(name),
+                    member_ready: !self.cut.contains(name),
                     running: self.running.get(*name).copied(),
                     healthy: self.running.contains_key(*name),
                 })
@@ -1206,6 +1216,36 @@ mod tests {
             [1, 1, 1, 1, 1, 2, 2, 2],
             "west got revision 2 only after east and north had it"
         );
+    }
+
+    /// The lab: a hub restarted in the middle of a wave's health wait found the copies not
+    /// listed yet and began the wait again. A cluster whose MemberCluster is Ready but
+    /// whose copies are not listed holds the rollout without restarting the wait; a cut
+    /// (the MemberCluster not Ready) restarts it.
+    #[test]
+    fn unlisted_copies_hold_the_rollout_and_keep_its_health_wait() {
+        let mut world = World::new(strategy(&[&["east"], &["west"]]));
+        world.step(1, None, None);
+        world.step(2, None, None);
+        let waiting = world.step(2, None, None);
+        let since = waiting.status.healthy_since.clone();
+        assert!(since.is_some(), "east rolled out: the health wait began");
+        world.unlisted = vec!["east", "west", "north"];
+        world.wait(3);
+        let held = world.step(2, None, None);
+        assert_eq!(held.status.waiting_for.len(), 3);
+        assert_eq!(held.status.healthy_since, since, "the wait goes on");
+        assert_eq!((held.assign["east"], held.assign["west"]), (2, 1));
+        world.unlisted.clear();
+        world.wait(10);
+        let next = world.step(2, None, None);
+        assert_eq!(
+            next.status.wave, 1,
+            "the wait counted from its start: {next:?}"
+        );
+        world.cut = vec!["north"];
+        let cut = world.step(2, None, None);
+        assert_eq!(cut.status.healthy_since, None, "a cut restarts the wait");
     }
 
     #[test]

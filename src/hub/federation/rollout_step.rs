@@ -105,7 +105,8 @@ pub(super) async fn step(
         .zip(&copies)
         .map(|(t, (_, copy, synced))| {
             let view = views.iter().find(|v| v.name == t.name);
-            let ready = view.is_some_and(|v| v.ready)
+            let member_ready = view.is_some_and(|v| v.ready);
+            let ready = member_ready
                 && *synced
                 && (!interpretation.stateful || context.doubt(&t.name).is_none());
             RolloutCluster {
@@ -117,6 +118,7 @@ pub(super) async fn step(
                     view.map_or(&no_labels, |v| &v.labels),
                 ),
                 ready,
+                member_ready,
                 running: copy
                     .as_ref()
                     .and_then(|c| c.annotations().get(ANNOTATION_REVISION)?.parse().ok()),
