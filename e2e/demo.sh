@@ -281,6 +281,93 @@ for member in east west north; do
     done
 done
 
+# A progressive rollout (docs/rollouts.md): Deployment checkout goes east, then west, then
+# north, each wave gated by a real Prometheus (Debian's) judging the error share of the
+# wave's clusters at the new revision, from the demo application's metrics (e2e
+# demo-app: requests by cluster and by the revision each copy holds; a copy's pod
+# template says its error share). A good change rolls through; a bad one fails its first
+# wave's analysis and is rolled back, the other waves never run it.
+port_base="${BULKHEAD_LAB_PORT_BASE:-16400}"
+app_port=$((port_base + 91)) prometheus_port=$((port_base + 90))
+cargo build -q -p bulkhead-e2e --bin demo-app
+start_bg demo-app "$target/debug/demo-app" --namespace shop --name checkout --port "$app_port" --lab-dir "$lab_dir/"
+mkdir -p "$lab_dir/prometheus"
+cat >"$lab_dir/prometheus.yml" <<YAML
+global: {scrape_interval: 1s, evaluation_interval: 1s}
+scrape_configs:
+- job_name: demo
+  static_configs: [{targets: ['127.0.0.1:$app_port']}]
+YAML
+start_bg prometheus prometheus --config.file="$lab_dir/prometheus.yml" \
+  --storage.tsdb.path="$lab_dir/prometheus" --web.listen-address="127.0.0.1:$prometheus_port" --log.level=warn
+prometheus_ready() { curl -sf "http://127.0.0.1:$prometheus_port/-/ready" >/dev/null; }
+wait_until "Prometheus ready" 60 prometheus_ready
+# checkout IMAGE ERROR_SHARE BUILD: a change of BUILD is a new revision, so every run of
+# the demo rolls its changes out again (a content seen before is that revision again).
+checkout() {
+  cat <<YAML
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: checkout, namespace: shop, labels: {app: checkout}}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: checkout}}
+  template:
+    metadata: {labels: {app: checkout}}
+    spec:
+      containers:
+      - name: checkout
+        image: $1
+        env: [{name: DEMO_ERROR_RATE, value: "$2"}, {name: DEMO_LATENCY_SECONDS, value: "0.02"},
+              {name: DEMO_BUILD, value: "$3"}]
+YAML
+}
+"$kubectl" --kubeconfig "$hub_kubeconfig" apply -f - >/dev/null <<YAML
+apiVersion: federation.example.com/v1alpha1
+kind: PropagationPolicy
+metadata: {name: checkout, namespace: shop}
+spec:
+  resourceSelectors: [{apiVersion: apps/v1, kind: Deployment, name: checkout}]
+  placement: {replicaScheduling: {type: Duplicated}}
+  rollout:
+    waves: [{name: canary, clusters: [east]}, {clusters: [west]}]
+    minHealthySeconds: 8
+    analysis:
+      prometheus: http://127.0.0.1:$prometheus_port
+      intervalSeconds: 3
+      count: 3
+      failureLimit: 1
+      metrics:
+      - name: error-rate
+        query: sum(rate(demo_requests_total{cluster=~"{{clusters}}",revision="{{revision}}",code="500"}[10s])) / sum(rate(demo_requests_total{cluster=~"{{clusters}}",revision="{{revision}}"}[10s]))
+        successCondition: result < 0.05
+YAML
+rollout_field() {
+  "$kubectl" --kubeconfig "$hub_kubeconfig" -n shop get rb checkout-deployment -o jsonpath="$1" 2>/dev/null
+}
+rollout_completed() { [[ "$(rollout_field '{.status.rollout.phase}')" == Completed ]]; }
+rollout_moved_from() { local now; now="$(rollout_field '{.status.rollout.revision}')"; [[ -n "$now" && "$now" != "$1" ]]; }
+rollout() { "$bulkhead" rollout "$@" deployment/checkout -n shop --kubeconfig "$hub_kubeconfig"; }
+# The first revision goes everywhere at once (a re-run of the demo rolls it out again).
+checkout nginx:1.27 0 base | "$kubectl" --kubeconfig "$hub_kubeconfig" apply -f - >/dev/null
+wait_until "checkout's base revision everywhere" 180 rollout_completed
+build="$(date +%s)"
+echo
+echo "== a good change (nginx:1.28): bulkhead rollout status deployment/checkout -n shop --watch"
+before="$(rollout_field '{.status.rollout.revision}')"
+checkout nginx:1.28 0 "$build" | "$kubectl" --kubeconfig "$hub_kubeconfig" apply -f - >/dev/null
+wait_until "the hub took the new revision" 30 rollout_moved_from "$before"
+rollout status --watch || true
+echo
+echo "== a bad change (half of its requests fail): the canary's analysis fails, it is rolled back"
+before="$(rollout_field '{.status.rollout.revision}')"
+checkout nginx:1.29 0.5 "$build" | "$kubectl" --kubeconfig "$hub_kubeconfig" apply -f - >/dev/null
+wait_until "the hub took the new revision" 30 rollout_moved_from "$before"
+rollout status --watch || true
+echo
+echo "== bulkhead rollout history deployment/checkout -n shop"
+rollout history || true
+
 echo
 e2e/lab status
 cat <<MSG
@@ -290,6 +377,8 @@ The lab keeps running in the background.
             kubectl --kubeconfig \$(e2e/lab kubeconfig east) -n shop get db,sts,deploy
   cut off:  e2e/lab partition east; e2e/lab heal east
   hub:      target/debug/bulkhead get clusters|bindings --kubeconfig \$(e2e/lab kubeconfig hub)
+  rollout:  target/debug/bulkhead rollout status deployment/checkout -n shop --kubeconfig \$(e2e/lab kubeconfig hub)
+            Prometheus at http://127.0.0.1:$prometheus_port (demo_requests_total)
   logs:     $lab_dir/bulkhead-hub.log, bulkhead-agent-<member>.log, bulkhead-webhook.log
   stop it:  make lab-down (stops the lab and every Bulkhead process of the demo)
 MSG
