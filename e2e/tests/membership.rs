@@ -1025,9 +1025,12 @@ async fn join_can_install_the_agent_and_unjoin_removes_it() -> Result<()> {
         (agent_account, "list", "", "secrets", "shop", "", false),
         (agent_account, "patch", "", "secrets", "shop", "", false),
         (agent_account, "delete", "", "secrets", "shop", "", false),
-        // Pods: watched, their role label patched; never deleted.
+        // Pods: watched, their role label patched, deleted one by one by a database
+        // upgrade; never updated or created.
         (agent_account, "patch", "", "pods", "shop", "", true),
-        (agent_account, "delete", "", "pods", "shop", "", false),
+        (agent_account, "delete", "", "pods", "shop", "", true),
+        (agent_account, "update", "", "pods", "shop", "", false),
+        (agent_account, "create", "", "pods", "shop", "", false),
     ] {
         let review = k8s_openapi::api::authorization::v1::SubjectAccessReview {
             spec: k8s_openapi::api::authorization::v1::SubjectAccessReviewSpec {
