@@ -679,12 +679,11 @@ impl Loop {
         read_only: Option<ReadOnlyReason>,
         tracked: &mut Tracked,
     ) -> Option<UpgradeStep> {
-        let namespace = database.namespace();
-        let statefulset = self
-            .statefulsets
-            .state()
-            .into_iter()
-            .find(|s| s.namespace() == namespace && s.name_any() == database.name_any())?;
+        let mut key = ObjectRef::new(&database.name_any());
+        if let Some(namespace) = database.namespace() {
+            key = key.within(&namespace);
+        }
+        let statefulset = self.statefulsets.get(&key)?;
         if let Some((_, uid)) = &tracked.replaced {
             if pods.iter().any(|p| p.uid().as_ref() == Some(uid)) {
                 return Some(UpgradeStep::Wait("a replaced pod is still going".into()));

@@ -83,7 +83,8 @@ pub fn next(input: &UpgradeInput<'_>) -> UpgradeStep {
         .filter(|p| !p.ready)
         .map(|p| p.name)
         .collect();
-    if input.pods.len() < input.replicas || !not_ready.is_empty() {
+    // Fewer pods than replicas: one is coming back; more: a scale-down is under way.
+    if input.pods.len() != input.replicas || !not_ready.is_empty() {
         return UpgradeStep::Wait(format!(
             "{left}; the next is replaced once every instance is Ready{}",
             if not_ready.is_empty() {
@@ -210,6 +211,13 @@ mod tests {
         assert!(
             matches!(next(&missing), UpgradeStep::Wait(_)),
             "orders-2 is not back yet"
+        );
+        let all_old = pods(&NAMES, &[false, false, false]);
+        let mut shrinking = input(&all_old, "orders-0");
+        shrinking.replicas = 2;
+        assert!(
+            matches!(next(&shrinking), UpgradeStep::Wait(_)),
+            "a scale-down under way goes first"
         );
 
         let all_old = pods(&NAMES, &[false, false, false]);
