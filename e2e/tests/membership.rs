@@ -37,6 +37,16 @@ const PROBE_TIMEOUT: u64 = 1;
 const FAILURE_THRESHOLD: u64 = 3;
 const SUCCESS_THRESHOLD: u64 = 2;
 
+/// The shared lab with the project's CRDs on the hub, as a user installs them before
+/// `bulkhead join` (so this file runs alone, not only after another test file).
+async fn lab_with_hub_crds() -> Result<Lab> {
+    let lab = support::lab().await?;
+    lab.install_crds("hub", &bulkhead_e2e::lab::crd_dir())
+        .await
+        .context("installing the CRDs on the hub")?;
+    Ok(lab)
+}
+
 fn join(lab: &Lab, name: &str, kubeconfig: &Path, zone: &str, region: &str) -> Result<Output> {
     let hub = path(&lab.kubeconfig("hub"));
     let (interval, timeout) = (PROBE_INTERVAL.to_string(), PROBE_TIMEOUT.to_string());
@@ -218,7 +228,7 @@ async fn nothing_on_the_hub(hub: &Client, name: &str) -> Result<()> {
 
 #[tokio::test]
 async fn join_refuses_what_it_cannot_use_and_creates_nothing_on_the_hub() -> Result<()> {
-    let lab = support::lab().await?;
+    let lab = lab_with_hub_crds().await?;
     let hub = lab.client("hub").await?;
     let dir = std::env::temp_dir().join(format!("bulkhead-e2e-membership-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
@@ -434,7 +444,7 @@ async fn hub_account_is_kept_out_of_system_namespaces(
 #[tokio::test]
 async fn a_write_sent_into_a_partition_never_lands_after_the_heal() -> Result<()> {
     use k8s_openapi::api::core::v1::ConfigMap;
-    let lab = support::lab().await?;
+    let lab = lab_with_hub_crds().await?;
     let namespace = TestNamespace::create(&lab, "late-write", &["east"]).await?;
     let config = kube::Config::from_custom_kubeconfig(
         kube::config::Kubeconfig::read_from(lab.kubeconfig("east"))?,
@@ -485,7 +495,7 @@ async fn a_write_sent_into_a_partition_never_lands_after_the_heal() -> Result<()
 
 #[tokio::test]
 async fn members_join_are_probed_tainted_zoned_leased_and_unjoin_cleanly() -> Result<()> {
-    let lab = support::lab().await?;
+    let lab = lab_with_hub_crds().await?;
     let hub = lab.client("hub").await?;
     let members_api = Api::<MemberCluster>::all(hub.clone());
     let _members = Members {
@@ -855,7 +865,7 @@ async fn futures_join(clients: &[(&str, Client)]) -> Vec<Option<String>> {
 #[tokio::test]
 async fn join_can_install_the_agent_and_unjoin_removes_it() -> Result<()> {
     use k8s_openapi::api::apps::v1::Deployment;
-    let lab = support::lab().await?;
+    let lab = lab_with_hub_crds().await?;
     let member = lab.inside_client("north").await?;
     let hub = lab.client("hub").await?;
     let output = bulkhead(&[
