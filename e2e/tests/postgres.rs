@@ -774,12 +774,34 @@ async fn a_version_upgrade_replaces_the_standbys_first_and_the_primary_after_a_s
         .status
         .and_then(|s| s.update_revision);
     let upgraded_at = Instant::now();
-    api.patch(
-        "orders",
-        &kube::api::PatchParams::default(),
-        &kube::api::Patch::Merge(&serde_json::json!({"spec": {"version": "15.2"}})),
-    )
-    .await?;
+    let generation = api
+        .patch(
+            "orders",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&serde_json::json!({"spec": {"version": "15.2"}})),
+        )
+        .await?
+        .metadata
+        .generation;
+    // When the status first said every replica runs the new version (what a rollout
+    // wave waits on).
+    let reported: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let reporter = {
+        let (api, reported) = (api.clone(), reported.clone());
+        tokio::spawn(async move {
+            loop {
+                if let Ok(db) = api.get("orders").await {
+                    let status = db.status.unwrap_or_default();
+                    if status.observed_generation >= generation
+                        && status.updated_replicas == Some(3)
+                    {
+                        reported.lock().unwrap().get_or_insert_with(Instant::now);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
     wait_for(
         "every pod on the new template",
         Duration::from_secs(240),
@@ -824,6 +846,7 @@ async fn a_version_upgrade_replaces_the_standbys_first_and_the_primary_after_a_s
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (acknowledged, longest_gap) = writer.finish().await?;
     poller.abort();
+    reporter.abort();
 
     let replaced = replaced.lock().unwrap().clone();
     let at = |pod: &str| {
@@ -839,6 +862,16 @@ async fn a_version_upgrade_replaces_the_standbys_first_and_the_primary_after_a_s
             .iter()
             .map(|(pod, when)| (pod, when.duration_since(upgraded_at)))
             .collect::<Vec<_>>()
+    );
+    let reported = reported
+        .lock()
+        .unwrap()
+        .expect("the status never reported 3 updated replicas");
+    assert!(
+        reported >= at("orders-0"),
+        "updatedReplicas reached 3 {:?} after the change, before the primary's pod was replaced ({:?})",
+        reported.duration_since(upgraded_at),
+        at("orders-0").duration_since(upgraded_at)
     );
     let status = api.get("orders").await?.status.unwrap_or_default();
     assert_ne!(

@@ -241,6 +241,15 @@ pub fn compute_status(observed: &Observed) -> MyDatabaseStatus {
         phase: Some(phase),
         replicas: counts.current,
         ready_replicas: counts.ready,
+        // Before the StatefulSet controller has seen the spec just applied, its counts are
+        // the previous version's: none of them runs this one yet.
+        updated_replicas: observed.statefulset.map(|_| {
+            if counts.observed_latest {
+                counts.updated
+            } else {
+                0
+            }
+        }),
         conditions,
         clusters: previous.clusters,
         // The instance loop's record, kept as read (`report` never writes these back).
@@ -372,6 +381,9 @@ mod tests {
             ("True".into(), "RollingUpdate".into())
         );
         assert_eq!(status.phase, Some(DatabasePhase::Provisioning));
+        assert_eq!(status.updated_replicas, Some(1), "what a rollout waits on");
+        let done = observe(&database(3), Some(&statefulset(3, 3, 3, 4)), None);
+        assert_eq!(done.updated_replicas, Some(3));
     }
 
     #[test]
@@ -383,6 +395,12 @@ mod tests {
             ("True".into(), "Updating".into())
         );
         assert_eq!(reason(&status, "Ready").0, "False");
+        assert_eq!(
+            status.updated_replicas,
+            Some(0),
+            "the counts are the previous spec's"
+        );
+        assert_eq!(observe(&database(3), None, None).updated_replicas, None);
     }
 
     #[test]

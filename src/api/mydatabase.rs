@@ -223,6 +223,12 @@ pub struct MyDatabaseStatus {
     #[serde(default)]
     pub ready_replicas: i32,
 
+    /// Replicas that run the current spec (its version): counted from the StatefulSet
+    /// once its controller has seen the latest spec, 0 before (on the hub: summed over
+    /// reachable clusters). A rollout judges a cluster's copy by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_replicas: Option<i32>,
+
     /// Ready, Progressing, ReadOnly and Degraded, in the metav1.Condition shape.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]

@@ -452,6 +452,19 @@ pub fn mydatabase_status(
         .iter()
         .map(|c| c.ready_replicas)
         .fold(0, i32::saturating_add);
+    // Reported once every reachable copy reports it (an agent of an earlier version
+    // does not): a partial sum would read as replicas still on the old version.
+    let updated_replicas = observations
+        .iter()
+        .filter(|o| o.reachable)
+        .map(|o| {
+            o.status
+                .as_ref()
+                .and_then(|s| s["updatedReplicas"].as_i64())
+        })
+        .try_fold(0_i32, |sum, n| {
+            n.map(|n| sum.saturating_add(crate::hub::federation::propagation::count(n)))
+        });
     let mut conditions = previous.map(|p| p.conditions.clone()).unwrap_or_default();
     template_conditions(
         &mut conditions,
@@ -520,6 +533,7 @@ pub fn mydatabase_status(
         phase: Some(phase),
         replicas,
         ready_replicas: ready_total,
+        updated_replicas,
         conditions,
         clusters,
         ..Default::default()
@@ -650,6 +664,15 @@ mod tests {
         assert_eq!(status.phase, Some(DatabasePhase::Ready));
         assert_eq!((status.replicas, status.ready_replicas), (6, 6));
         assert_eq!(status.clusters.len(), 2);
+        assert_eq!(
+            status.updated_replicas, None,
+            "agents that do not report it"
+        );
+        let mut upgrading = observations.clone();
+        upgrading[0].status.as_mut().unwrap()["updatedReplicas"] = json!(3);
+        upgrading[1].status.as_mut().unwrap()["updatedReplicas"] = json!(2);
+        let status = mydatabase_status(None, &upgrading, 6, Some(1), false);
+        assert_eq!(status.updated_replicas, Some(5));
         assert_eq!(
             find_condition(&status.conditions, "Degraded")
                 .unwrap()

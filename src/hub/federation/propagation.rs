@@ -1252,8 +1252,15 @@ mod tests {
         let database = built_in("example.com/v1", "MyDatabase");
         assert!(
             rolled_out(database, &copy, 2),
-            "a kind that never reports the count does not wait for it"
+            "an agent that does not report the count is not waited for"
         );
+        // An agent replacing its pods one at a time (OnDelete): both Ready, one on the
+        // new version.
+        copy.data["status"] = json!({"replicas": 2, "readyReplicas": 2, "updatedReplicas": 1,
+                                     "phase": "Ready"});
+        assert!(!rolled_out(database, &copy, 2));
+        copy.data["status"]["updatedReplicas"] = json!(2);
+        assert!(rolled_out(database, &copy, 2));
     }
 
     /// The 60-minute chaos run of seed 613575190: a database at 1/1/1 over east, west and
