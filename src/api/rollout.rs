@@ -141,7 +141,9 @@ pub enum RolloutFailureAction {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct RolloutAnalysis {
-    /// The Prometheus server's base URL, e.g. `http://prometheus.monitoring:9090`.
+    /// The Prometheus server's base URL, e.g. `http://prometheus.monitoring:9090`, or
+    /// `https://...` verified against the hub's CA certificates (the system's, or the
+    /// bundle its `SSL_CERT_FILE` names).
     #[schemars(length(min = 1))]
     pub prometheus: String,
 

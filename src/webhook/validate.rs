@@ -384,10 +384,13 @@ fn rollout_problems(object: &str, rollout: &crate::api::rollout::RolloutStrategy
         }
     }
     let http = |field: &str, url: &str| -> Option<String> {
-        let host = url.strip_prefix("http://").unwrap_or_default();
+        let host = url
+            .strip_prefix("http://")
+            .or_else(|| url.strip_prefix("https://"))
+            .unwrap_or_default();
         (host.is_empty() || host.starts_with('/')).then(|| {
             format!(
-                "{object}: {field} is `{url}`; give an http:// address such as http://prometheus.monitoring:9090 (https is not supported yet: put a proxy in front)"
+                "{object}: {field} is `{url}`; give an http:// or https:// address such as http://prometheus.monitoring:9090"
             )
         })
     };
@@ -909,6 +912,11 @@ mod tests {
             ..Default::default()
         });
         assert!(policy(object, &spec, true, None).is_empty());
+        let mut https = spec.clone();
+        let rollout = https.rollout.as_mut().unwrap();
+        rollout.analysis.as_mut().unwrap().prometheus = "https://prometheus:9091".into();
+        rollout.alert_webhook = Some("https://alerts.example/hook".into());
+        assert!(policy(object, &https, true, None).is_empty());
         let rollout = spec.rollout.as_mut().unwrap();
         rollout.waves.push(RolloutWave {
             pause: Some(WavePause {
@@ -921,7 +929,7 @@ mod tests {
             ..Default::default()
         });
         let analysis = rollout.analysis.as_mut().unwrap();
-        analysis.prometheus = "https://prometheus:9090".into();
+        analysis.prometheus = "prometheus:9090".into();
         analysis.metrics[0].success_condition = "errors < 1".into();
         analysis.failure_limit = 3;
         let problems = policy(object, &spec, true, None).join("\n");
@@ -929,7 +937,7 @@ mod tests {
             "spec.rollout.waves[1] names no cluster",
             "spec.rollout.waves[1].pause needs exactly one",
             "spec.rollout.waves[1].maxUnavailable `all` is neither a number nor a percentage",
-            "spec.rollout.analysis.prometheus is `https://prometheus:9090`",
+            "spec.rollout.analysis.prometheus is `prometheus:9090`; give an http:// or https:// address",
             "spec.rollout.analysis.metrics[0].successCondition `errors < 1`",
             "failureLimit 3 is not below count 3",
         ] {

@@ -2,9 +2,11 @@
 //! (`GET /api/v1/query`), and judged by their success conditions. One call is one
 //! measurement ([`measure`]); the rollout decision (`rollout.rs`) counts them.
 
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use http_body_util::{BodyExt, Empty};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -17,6 +19,55 @@ use crate::api::rollout::{AnalysisMeasurement, MetricResult, RolloutAnalysis, Su
 const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 /// The largest answer read.
 const MAX_ANSWER: usize = 4 * 1024 * 1024;
+
+/// The roots an https Prometheus or alert webhook is verified against: the system's
+/// (or the bundle `SSL_CERT_FILE` names, for a private CA), read once.
+fn system_roots() -> Arc<rustls::RootCertStore> {
+    static ROOTS: OnceLock<Arc<rustls::RootCertStore>> = OnceLock::new();
+    ROOTS
+        .get_or_init(|| {
+            let found = rustls_native_certs::load_native_certs();
+            for error in &found.errors {
+                tracing::warn!(%error, "reading the system's CA certificates");
+            }
+            let mut roots = rustls::RootCertStore::empty();
+            let (added, ignored) = roots.add_parsable_certificates(found.certs);
+            tracing::debug!(
+                added,
+                ignored,
+                "CA certificates for https analysis and alerts"
+            );
+            Arc::new(roots)
+        })
+        .clone()
+}
+
+/// An http and https client verifying servers against `roots`.
+fn client<B>(roots: Arc<rustls::RootCertStore>) -> Client<HttpsConnector<HttpConnector>, B>
+where
+    B: hyper::body::Body + Send,
+    B::Data: Send,
+{
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("ring supports the default protocol versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .build();
+    Client::builder(TokioExecutor::new()).build(connector)
+}
+
+/// Why an address cannot be used, if it cannot: http:// or https:// only.
+fn unusable(address: &str) -> Option<String> {
+    (!address.starts_with("http://") && !address.starts_with("https://"))
+        .then(|| format!("`{address}` is not an http:// or https:// address"))
+}
 
 /// A query with its placeholders filled: `{{clusters}}` becomes a regular expression
 /// matching exactly the wave's clusters, `{{revision}}` the revision.
@@ -117,8 +168,17 @@ pub async fn measure(
     revision: i64,
     now: jiff::Timestamp,
 ) -> AnalysisMeasurement {
-    let client: Client<HttpConnector, Empty<bytes::Bytes>> =
-        Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    measure_with(analysis, clusters, revision, now, system_roots()).await
+}
+
+async fn measure_with(
+    analysis: &RolloutAnalysis,
+    clusters: &[&str],
+    revision: i64,
+    now: jiff::Timestamp,
+    roots: Arc<rustls::RootCertStore>,
+) -> AnalysisMeasurement {
+    let client = client(roots);
     let queries = analysis.metrics.iter().map(|metric| {
         let client = client.clone();
         let query = fill(&metric.query, clusters, revision);
@@ -136,14 +196,12 @@ pub async fn measure(
 }
 
 async fn ask(
-    client: &Client<HttpConnector, Empty<bytes::Bytes>>,
+    client: &Client<HttpsConnector<HttpConnector>, Empty<bytes::Bytes>>,
     base: &str,
     query: &str,
 ) -> Result<Vec<f64>, String> {
-    if !base.starts_with("http://") {
-        return Err(format!(
-            "analysis.prometheus `{base}`: only http:// addresses are supported (Prometheus in the cluster, or a proxy in front of it)"
-        ));
+    if let Some(why) = unusable(base) {
+        return Err(format!("analysis.prometheus: {why}"));
     }
     let encoded: String = url_encode(query);
     let uri = format!(
@@ -156,7 +214,7 @@ async fn ask(
     let response = tokio::time::timeout(QUERY_TIMEOUT, client.request(request))
         .await
         .map_err(|_| format!("Prometheus did not answer within {QUERY_TIMEOUT:?}"))?
-        .map_err(|e| format!("cannot reach Prometheus at {base}: {e}"))?;
+        .map_err(|e| format!("cannot reach Prometheus at {base}: {}", chain(&e)))?;
     let status = response.status();
     let body = tokio::time::timeout(
         QUERY_TIMEOUT,
@@ -174,12 +232,11 @@ async fn ask(
 /// POSTs a rollout alert (JSON) to the policy's `alertWebhook`; a failure is logged, the
 /// Event on the template is the record.
 pub async fn alert(url: String, alert: Value) {
-    if !url.starts_with("http://") {
-        tracing::warn!(%url, "alertWebhook: only http:// addresses are supported; the alert is only an Event");
+    if let Some(why) = unusable(&url) {
+        tracing::warn!(%url, "alertWebhook: {why}; the alert is only an Event");
         return;
     }
-    let client: Client<HttpConnector, http_body_util::Full<bytes::Bytes>> =
-        Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    let client = client(system_roots());
     let request = match http::Request::post(&url)
         .header("content-type", "application/json")
         .body(http_body_util::Full::new(bytes::Bytes::from(
@@ -196,9 +253,22 @@ pub async fn alert(url: String, alert: Value) {
         Ok(Ok(response)) => {
             tracing::warn!(%url, status = %response.status(), "alertWebhook refused the alert")
         }
-        Ok(Err(error)) => tracing::warn!(%url, %error, "alertWebhook unreachable"),
+        Ok(Err(error)) => tracing::warn!(%url, error = chain(&error), "alertWebhook unreachable"),
         Err(_) => tracing::warn!(%url, "alertWebhook did not answer in time"),
     }
+}
+
+/// An error with its sources ("client error (Connect): invalid peer certificate:
+/// UnknownIssuer"): the connector's own message alone does not say why TLS failed.
+fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// Percent-encodes a query for a URL's query string.
@@ -216,7 +286,89 @@ pub fn url_encode(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::rollout::AnalysisMetric;
     use serde_json::json;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A Prometheus stand-in over real TLS (a certificate from a fresh CA for 127.0.0.1),
+    /// answering every query with one sample of `value`. Returns its address and the CA.
+    async fn https_prometheus(value: &str) -> (String, String) {
+        use crate::webhook::tls;
+        let authority = tls::CertificateAuthority::new("prometheus-ca").unwrap();
+        let issued = authority.issue(&["127.0.0.1".into()]).unwrap();
+        let store = tls::CertificateStore::new(
+            tls::certified_key(&issued.cert_pem, &issued.key_pem).unwrap(),
+        );
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls::server_config(store)));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = format!("https://{}", listener.local_addr().unwrap());
+        let body = json!({"status": "success", "data": {"resultType": "vector", "result": [
+            {"metric": {"cluster": "east"}, "value": [1.0, value]}]}})
+        .to_string();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (acceptor, body) = (acceptor.clone(), body.clone());
+                tokio::spawn(async move {
+                    let Ok(mut stream) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let mut request = vec![0; 4096];
+                    let _ = stream.read(&mut request).await;
+                    let response = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = stream.write_all(response.as_bytes()).await;
+                    let _ = stream.shutdown().await;
+                });
+            }
+        });
+        (address, issued.ca_pem)
+    }
+
+    #[tokio::test]
+    async fn an_https_prometheus_is_asked_when_its_ca_is_trusted_and_refused_when_not() {
+        use rustls::pki_types::CertificateDer;
+        use rustls::pki_types::pem::PemObject;
+        let (address, ca_pem) = https_prometheus("0.01").await;
+        let analysis = RolloutAnalysis {
+            prometheus: address.clone(),
+            metrics: vec![AnalysisMetric {
+                name: "errors".into(),
+                query: "errors{cluster=~\"{{clusters}}\"}".into(),
+                success_condition: "result < 0.05".into(),
+            }],
+            ..Default::default()
+        };
+        let now = jiff::Timestamp::now();
+        let mut trusted = rustls::RootCertStore::empty();
+        trusted
+            .add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap())
+            .unwrap();
+        let measured = measure_with(&analysis, &["east"], 2, now, Arc::new(trusted)).await;
+        assert!(measured.passed, "{measured:?}");
+        assert_eq!(measured.metrics[0].values, vec![0.01]);
+
+        let untrusted = rustls::RootCertStore::empty();
+        let refused = measure_with(&analysis, &["east"], 2, now, Arc::new(untrusted)).await;
+        assert!(!refused.passed);
+        let message = refused.metrics[0].message.clone().unwrap_or_default();
+        assert!(
+            message.contains(&address) && message.contains("UnknownIssuer"),
+            "names the server and why TLS failed: {message}"
+        );
+
+        let mut other = analysis.clone();
+        other.prometheus = "prometheus:9090".into();
+        let measured = measure_with(&other, &["east"], 2, now, system_roots()).await;
+        assert!(
+            measured.metrics[0]
+                .message
+                .as_deref()
+                .is_some_and(|m| m.contains("not an http:// or https:// address")),
+            "{measured:?}"
+        );
+    }
 
     #[test]
     fn queries_name_the_waves_clusters_and_revision() {
