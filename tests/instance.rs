@@ -155,6 +155,7 @@ fn standby(term: u64, upstream: Option<&InstanceProcess>) -> Desired {
         upstream: upstream.map(|u| Upstream {
             host: "127.0.0.1".into(),
             port: u.port,
+            external: false,
         }),
         reason: "the test's standby".into(),
         name: String::new(),
@@ -472,5 +473,136 @@ async fn an_old_primary_that_diverged_rewinds_and_follows_the_new_one() {
     assert!(aside.is_empty(), "re-cloned instead of rewound: {aside:?}");
     drop(a);
     drop(b);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// A replica cluster (`spec.topology.replicaOf`): its designated primary is a hot standby
+/// of another cluster's primary, streamed from without a slot there and under a name the
+/// source's own standbys never have (the two clusters' pods have the same names); its own
+/// standbys cascade from it through slots it keeps. Writes on the source reach the end of
+/// the chain; nothing in the replica cluster takes a write; with the source gone it
+/// serves what it has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_cluster_streams_from_the_source_and_its_standbys_cascade() {
+    let Some(_) = bulkhead::instance::postgres::find_bin_dir() else {
+        panic!("PostgreSQL is not installed (e2e/setup.sh installs Debian's postgresql)");
+    };
+    let root = std::env::temp_dir().join(format!("bulkhead-replica-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+
+    // The source cluster's primary, orders-0 there.
+    let source = start(&root, "source", "60s");
+    let mut source_primary = primary(1);
+    source_primary.name = "orders-0".into();
+    wait_role(&source, Role::Primary, Some(&source_primary)).await;
+    let writer = client(&source).await;
+    writer
+        .batch_execute("CREATE TABLE orders (id int primary key); INSERT INTO orders VALUES (1)")
+        .await
+        .unwrap();
+
+    // The replica cluster: its orders-0 streams from the source, its orders-1 from it.
+    let designated = start(&root, "designated", "60s");
+    let mut designated_word = standby(1, Some(&source));
+    designated_word.name = "orders-0".into();
+    designated_word.standbys = vec!["orders-1".into()];
+    designated_word.upstream.as_mut().unwrap().external = true;
+    wait_role(&designated, Role::Standby, Some(&designated_word)).await;
+    let cascaded = start(&root, "cascaded", "60s");
+    let mut cascaded_word = standby(1, Some(&designated));
+    cascaded_word.name = "orders-1".into();
+    let keep_telling = || async {
+        tell(&source, &source_primary).await;
+        tell(&designated, &designated_word).await;
+        tell(&cascaded, &cascaded_word).await;
+    };
+    let started = Instant::now();
+    loop {
+        keep_telling().await;
+        if status(&cascaded)
+            .await
+            .is_some_and(|s| s.ready && s.role == Some(Role::Standby))
+        {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the cascading standby never ran; its log:\n{}",
+            std::fs::read_to_string(cascaded.dir.join("instance.log")).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    writer
+        .batch_execute("INSERT INTO orders VALUES (2), (3)")
+        .await
+        .unwrap();
+    let end = client(&cascaded).await;
+    let started = Instant::now();
+    loop {
+        keep_telling().await;
+        if end
+            .query_one("SELECT count(*) FROM orders", &[])
+            .await
+            .is_ok_and(|r| r.get::<_, i64>(0) == 3)
+        {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the source's writes never reached the cascading standby"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // On the source: one sender, under the replica cluster's name, through no slot.
+    let rows = writer
+        .query(
+            "SELECT application_name::text, (SELECT count(*) FROM pg_replication_slots WHERE active) FROM pg_stat_replication",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].get::<_, String>(0), "bulkhead_replica_cluster");
+    assert_eq!(rows[0].get::<_, i64>(1), 0, "no slot held on the source");
+    // On the designated primary: orders-1's slot, in use.
+    let middle = client(&designated).await;
+    let active: bool = middle
+        .query_one(
+            "SELECT active FROM pg_replication_slots WHERE slot_name = 'bulkhead_orders_1'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        active,
+        "orders-1 streams through its slot on the designated primary"
+    );
+    for (who, session) in [("designated", &middle), ("cascaded", &end)] {
+        let error = session
+            .batch_execute("INSERT INTO orders VALUES (99)")
+            .await
+            .unwrap_err();
+        assert_eq!(sqlstate(&error).as_deref(), Some("25006"), "{who}: {error}");
+    }
+
+    // The source gone (its cluster cut off or lost): the replica cluster serves reads.
+    drop(writer);
+    drop(source);
+    for _ in 0..3 {
+        tell(&designated, &designated_word).await;
+        tell(&cascaded, &cascaded_word).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    for who in [&designated, &cascaded] {
+        assert_eq!(count(&client(who).await).await, 3);
+    }
+    drop(end);
+    drop(middle);
+    drop(cascaded);
+    drop(designated);
     let _ = std::fs::remove_dir_all(&root);
 }

@@ -63,6 +63,8 @@ pub enum ReadOnlyReason {
     Requested,
     /// The agent is fenced: the hub's lease went stale.
     HubUnreachable,
+    /// `spec.topology.replicaOf`: a replica cluster streams another cluster's primary.
+    ReplicaCluster,
 }
 
 impl ReadOnlyReason {
@@ -71,6 +73,7 @@ impl ReadOnlyReason {
         match self {
             ReadOnlyReason::Requested => "Requested",
             ReadOnlyReason::HubUnreachable => "HubUnreachable",
+            ReadOnlyReason::ReplicaCluster => "ReplicaCluster",
         }
     }
 
@@ -79,20 +82,39 @@ impl ReadOnlyReason {
         match self {
             ReadOnlyReason::Requested => "spec.readOnly is true",
             ReadOnlyReason::HubUnreachable => "the hub's lease is stale",
+            ReadOnlyReason::ReplicaCluster => "a replica cluster of another cluster's primary",
         }
+    }
+
+    /// Whether no instance may be primary for this reason (a replica cluster has none to
+    /// fence: its designated primary streams on).
+    pub fn fences(self) -> bool {
+        self != ReadOnlyReason::ReplicaCluster
     }
 }
 
 /// Whether `database` serves read-only: fencing wins the reason; `spec.readOnly` is never
-/// cleared by unfencing.
+/// cleared by unfencing; a replica cluster is read-only for as long as it is one.
 pub fn read_only_reason(database: &MyDatabase, fenced: bool) -> Option<ReadOnlyReason> {
     if fenced {
         Some(ReadOnlyReason::HubUnreachable)
     } else if database.spec.read_only {
         Some(ReadOnlyReason::Requested)
+    } else if replica_source(database).is_some() {
+        Some(ReadOnlyReason::ReplicaCluster)
     } else {
         None
     }
+}
+
+/// Where a replica cluster's designated primary streams from (`spec.topology.replicaOf`).
+pub fn replica_source(database: &MyDatabase) -> Option<crate::api::instance::Upstream> {
+    let source = database.spec.topology.as_ref()?.replica_of.as_ref()?;
+    Some(crate::api::instance::Upstream {
+        host: source.host.clone(),
+        port: u16::try_from(source.port).ok()?,
+        external: true,
+    })
 }
 
 /// Names of a database's children.
@@ -947,6 +969,34 @@ mod tests {
             )
         );
         assert_eq!(app_secret(&db).metadata.name.as_deref(), Some("orders-app"));
+    }
+
+    #[test]
+    fn a_replica_cluster_is_read_only_and_its_read_write_services_have_no_endpoints() {
+        let mut db = orders();
+        db.spec.topology = Some(crate::api::mydatabase::DatabaseTopology {
+            replica_of: Some(crate::api::mydatabase::ReplicaSource {
+                host: "10.201.101.4".into(),
+                port: 5432,
+            }),
+            ..Default::default()
+        });
+        let reason = read_only_reason(&db, false);
+        assert_eq!(reason, Some(ReadOnlyReason::ReplicaCluster));
+        assert!(!ReadOnlyReason::ReplicaCluster.fences());
+        assert_eq!(
+            read_only_reason(&db, true),
+            Some(ReadOnlyReason::HubUnreachable),
+            "a fence still says so"
+        );
+        assert_eq!(
+            read_write_services(&db, reason),
+            read_write_services(&db, Some(ReadOnlyReason::Requested))
+        );
+        assert_eq!(
+            replica_source(&db).map(|u| (u.host, u.port, u.external)),
+            Some(("10.201.101.4".into(), 5432, true))
+        );
     }
 
     #[test]

@@ -359,6 +359,7 @@ impl Loop {
             tracked.recorded = from_status;
         }
         let read_only = builders::read_only_reason(&database, *self.fenced.borrow());
+        let replica_of = builders::replica_source(&database);
         let synchronous = database
             .spec
             .topology
@@ -406,7 +407,7 @@ impl Loop {
                     status: asked[i].as_ref(),
                 })
                 .collect();
-            let fenced_why = read_only.map(ReadOnlyReason::words);
+            let fenced_why = read_only.filter(|r| r.fences()).map(ReadOnlyReason::words);
             let decision = roles::decide(&RoleInput {
                 instances: &instances,
                 recorded: &recorded,
@@ -418,6 +419,7 @@ impl Loop {
                 keep,
                 replacing: replacing.as_deref(),
                 switchover_allowed,
+                replica_of: replica_of.as_ref(),
             });
             match decision {
                 RoleDecision::Record {
@@ -718,7 +720,7 @@ impl Loop {
                 .unwrap_or(1)
                 .max(0) as usize,
             primary: tracked.recorded.primary.as_deref(),
-            fenced: read_only.map(ReadOnlyReason::words),
+            fenced: read_only.filter(|r| r.fences()).map(ReadOnlyReason::words),
             switching: tracked.switchover.is_some(),
             observed,
         }))
@@ -820,6 +822,17 @@ pub fn view(
         .collect();
 
     let primary_available = match (read_only, primary_index) {
+        (Some(ReadOnlyReason::ReplicaCluster), _) => ConditionParts {
+            status: false,
+            reason: "ReplicaCluster".into(),
+            message: format!(
+                "a replica cluster: no primary here, {}",
+                primary.map_or_else(
+                    || "no designated primary yet".to_string(),
+                    |p| format!("{p} is the designated primary (a hot standby of the source)")
+                )
+            ),
+        },
         (Some(reason), _) => ConditionParts {
             status: false,
             reason: "Fenced".into(),

@@ -71,6 +71,9 @@ pub struct RoleInput<'a> {
     /// Whether a switchover may begin or go on (the caller stops one that does not
     /// complete in time, and waits before it tries again).
     pub switchover_allowed: bool,
+    /// A replica cluster's source (`spec.topology.replicaOf`): the recorded primary is
+    /// the designated primary, a hot standby of the source, and nothing is promoted.
+    pub replica_of: Option<&'a Upstream>,
 }
 
 /// A pod's ordinal (`orders-2` -> 2).
@@ -205,6 +208,7 @@ pub fn decide(input: &RoleInput<'_>) -> RoleDecision {
     let upstream = recorded_primary.map(|i| Upstream {
         host: i.host.to_string(),
         port: input.port,
+        external: false,
     });
     let standbys: Vec<String> = input
         .instances
@@ -212,18 +216,31 @@ pub fn decide(input: &RoleInput<'_>) -> RoleDecision {
         .filter(|i| i.pod != primary)
         .map(|i| i.pod.to_string())
         .collect();
+    // A replica cluster's standbys stream from its designated primary through slots
+    // there, fenced or not.
+    let cascades = input.replica_of.is_some() && switching.is_none();
     let mut desired = vec![];
     for instance in input.instances {
         let leads = instance.pod == primary && input.fenced.is_none() && switching.is_none();
         let (role, upstream, reason) = if instance.pod == primary {
-            match (input.fenced, &switching) {
-                (Some(why), _) => (Role::Standby, None, format!("fenced: {why}")),
-                (None, Some((candidate, _))) => (
+            match (input.fenced, &switching, input.replica_of) {
+                (_, Some((candidate, _)), _) => (
                     Role::Standby,
                     None,
                     format!("switching over to {}: {leaving}", candidate.pod),
                 ),
-                (None, None) => (Role::Primary, None, "the recorded primary".to_string()),
+                // Nothing here ever writes, so a fence changes nothing: it keeps
+                // streaming, and serves what it has when the source is cut off.
+                (_, None, Some(source)) => (
+                    Role::Standby,
+                    Some(source.clone()),
+                    format!(
+                        "the designated primary of a replica cluster, streaming from {}:{}",
+                        source.host, source.port
+                    ),
+                ),
+                (Some(why), None, None) => (Role::Standby, None, format!("fenced: {why}")),
+                (None, None, None) => (Role::Primary, None, "the recorded primary".to_string()),
             }
         } else {
             (
@@ -240,14 +257,27 @@ pub fn decide(input: &RoleInput<'_>) -> RoleDecision {
                 upstream,
                 reason,
                 name: instance.pod.to_string(),
-                standbys: if leads { standbys.clone() } else { vec![] },
-                synchronous: if leads { input.synchronous } else { 0 },
-                bootstrap: instance.pod == primary,
+                standbys: if leads || (instance.pod == primary && cascades) {
+                    standbys.clone()
+                } else {
+                    vec![]
+                },
+                synchronous: if leads && input.replica_of.is_none() {
+                    input.synchronous
+                } else {
+                    0
+                },
+                // A replica cluster's data is the source's copy, never a new database.
+                bootstrap: instance.pod == primary && input.replica_of.is_none(),
             },
         ));
     }
     let switching_to = switching.as_ref().map(|(c, _)| c.pod.to_string());
     let message = match (input.fenced, answers, switching) {
+        (_, true, None) if let Some(source) = input.replica_of => format!(
+            "a replica cluster: {primary} (term {term}) streams from {}:{}, the others from it",
+            source.host, source.port
+        ),
         (Some(why), _, _) => format!("fenced ({why}): every instance is a hot standby"),
         (None, true, Some((_, words))) => words,
         (None, true, None) if !kept(primary) => format!(
@@ -344,6 +374,7 @@ mod tests {
             keep: u32::MAX,
             replacing: None,
             switchover_allowed: true,
+            replica_of: None,
         }
     }
 
@@ -444,6 +475,95 @@ mod tests {
         };
         assert!(message.contains("fenced"), "{message}");
         assert!(desired[0].1.reason.contains("lease is stale"));
+    }
+
+    fn source() -> Upstream {
+        Upstream {
+            host: "10.201.101.4".into(),
+            port: 5432,
+            external: true,
+        }
+    }
+
+    #[test]
+    fn a_replica_cluster_streams_its_designated_primary_from_the_source_and_promotes_nothing() {
+        let s = status(Role::Standby, "0/3000000");
+        let instances = [
+            instance("db-0", Some(&s)),
+            instance("db-1", Some(&s)),
+            instance("db-2", None),
+        ];
+        let rec = recorded("db-0", 2);
+        let source = source();
+        let replica = RoleInput {
+            replica_of: Some(&source),
+            ..input(&instances, &rec, None)
+        };
+        let decision = decide(&replica);
+        assert_eq!(
+            told(&decision),
+            [
+                ("db-0".into(), Role::Standby, Some("10.201.101.4".into()), 2),
+                ("db-1".into(), Role::Standby, Some("db-0".into()), 2),
+                ("db-2".into(), Role::Standby, Some("db-0".into()), 2),
+            ]
+        );
+        let RoleDecision::Tell {
+            desired, message, ..
+        } = &decision
+        else {
+            unreachable!()
+        };
+        let designated = &desired[0].1;
+        assert!(designated.upstream.as_ref().unwrap().external);
+        assert!(!desired[1].1.upstream.as_ref().unwrap().external);
+        assert_eq!(
+            designated.standbys,
+            ["db-1", "db-2"],
+            "the cascading standbys' slots"
+        );
+        assert_eq!(designated.synchronous, 0, "nothing commits here");
+        assert!(!designated.bootstrap, "its data is the source's copy");
+        assert!(message.contains("replica cluster"), "{message}");
+
+        // Fenced: it streams on (nothing here writes), its standbys keep their slots.
+        let fenced = RoleInput {
+            fenced: Some("the hub's lease is stale"),
+            ..replica.clone()
+        };
+        let RoleDecision::Tell { desired, .. } = decide(&fenced) else {
+            panic!("expected Tell")
+        };
+        assert_eq!(desired[0].1.upstream, Some(source.clone()));
+        assert_eq!(desired[0].1.standbys, ["db-1", "db-2"]);
+
+        // The designated primary silent past failover_after: another standby is recorded
+        // as the designated primary under the next term, and told to stream from the
+        // source, never to promote.
+        let behind = status(Role::Standby, "0/2000000");
+        let ahead = status(Role::Standby, "0/3000000");
+        let instances = [
+            instance("db-0", None),
+            instance("db-1", Some(&behind)),
+            instance("db-2", Some(&ahead)),
+        ];
+        let silent = RoleInput {
+            replica_of: Some(&source),
+            ..input(&instances, &rec, Some(10))
+        };
+        assert!(matches!(
+            decide(&silent),
+            RoleDecision::Record { primary, term: 3, .. } if primary == "db-2"
+        ));
+        let rec = recorded("db-2", 3);
+        let after = RoleInput {
+            replica_of: Some(&source),
+            ..input(&instances, &rec, None)
+        };
+        let roles = told(&decide(&after));
+        assert!(roles.iter().all(|(_, role, _, _)| *role == Role::Standby));
+        assert_eq!(roles[2].2.as_deref(), Some("10.201.101.4"));
+        assert_eq!(roles[1].2.as_deref(), Some("db-2"));
     }
 
     #[test]

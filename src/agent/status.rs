@@ -159,6 +159,16 @@ pub fn compute_status(observed: &Observed) -> MyDatabaseStatus {
             },
         ),
         Some(ReadOnlyReason::Requested) => (true, "Requested", "spec.readOnly is true".to_string()),
+        Some(ReadOnlyReason::ReplicaCluster) => (
+            true,
+            "ReplicaCluster",
+            super::builders::replica_source(database).map_or_else(String::new, |source| {
+                format!(
+                    "a replica cluster: it streams from {}:{} and serves reads; writes go to the source's cluster",
+                    source.host, source.port
+                )
+            }),
+        ),
         None => (
             false,
             "ReadWrite",

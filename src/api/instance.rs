@@ -36,6 +36,11 @@ impl std::fmt::Display for Role {
 pub struct Upstream {
     pub host: String,
     pub port: u16,
+    /// Another cluster's primary (a replica cluster's source): streamed from without a
+    /// replication slot there (a cut-off cluster must not make the source keep WAL
+    /// without bound) and under a name the source's synchronous standbys never match.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub external: bool,
 }
 
 /// What the agent wants of an instance; sent again every few seconds, which is also how
@@ -158,6 +163,7 @@ mod tests {
             upstream: Some(Upstream {
                 host: "db-0.db".into(),
                 port: 5432,
+                external: false,
             }),
             reason: String::new(),
             name: String::new(),

@@ -110,6 +110,36 @@ pub struct DatabaseTopology {
     #[serde(default)]
     #[schemars(range(min = 0, max = 9))]
     pub synchronous: u32,
+
+    /// Makes this copy a replica cluster of another cluster's database: its designated
+    /// primary (the instance `status.primary` names) streams from this address, as a hot
+    /// standby, and its other instances stream from the designated primary. Nothing in a
+    /// replica cluster accepts writes: `<name>-rw` has no endpoints, `<name>-ro` serves
+    /// reads, and nothing is ever promoted (condition `ReadOnly`, reason
+    /// `ReplicaCluster`). The `<name>-instance` and `<name>-app` Secrets must hold the
+    /// source's passwords (its data is a copy of the source's). Create a replica cluster
+    /// empty: instances that already hold another database's data are not copied again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica_of: Option<ReplicaSource>,
+}
+
+/// Where a replica cluster streams from: the source cluster's primary, at an address
+/// this cluster reaches.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaSource {
+    /// Host name or IP address of the source's primary.
+    #[schemars(regex(pattern = r"^[A-Za-z0-9]([A-Za-z0-9.:-]{0,251}[A-Za-z0-9])?$"))]
+    pub host: String,
+
+    /// PostgreSQL's port there.
+    #[serde(default = "default_postgres_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+}
+
+fn default_postgres_port() -> i32 {
+    5432
 }
 
 fn default_replicas() -> i32 {

@@ -476,7 +476,11 @@ impl Instance {
             }
             _ => {}
         }
-        if observed.role == Role::Primary && wanted.role == Role::Primary {
+        if (observed.role == Role::Primary && wanted.role == Role::Primary)
+            || (observed.role == Role::Standby && !wanted.standbys.is_empty())
+        {
+            // A replica cluster's designated primary keeps the slots of the standbys
+            // that cascade from it, as a primary does.
             self.server.ensure_slots(&client, &wanted.standbys).await?;
         }
         let observed = Server::observe(&client).await?;

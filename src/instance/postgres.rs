@@ -68,7 +68,8 @@ pub struct Wanted {
     pub upstream: Option<Upstream>,
     /// The instance's name (its slot and application name come from it).
     pub name: String,
-    /// For a primary: the standbys it keeps slots for.
+    /// For a primary, or a replica cluster's designated primary (its standbys cascade
+    /// from it): the standbys it keeps slots for.
     pub standbys: Vec<String>,
     /// For a primary: standbys that must have a commit before it is acknowledged.
     pub synchronous: u32,
@@ -92,6 +93,10 @@ impl Wanted {
         (!self.name.is_empty()).then(|| slot(&self.name))
     }
 }
+
+/// The application name a replica cluster's designated primary streams under from its
+/// source (in `pg_stat_replication` there).
+pub const EXTERNAL_APPLICATION_NAME: &str = "bulkhead_replica_cluster";
 
 /// Prefix of the replication slots Bulkhead manages (others are left alone).
 pub const SLOT_PREFIX: &str = "bulkhead_";
@@ -351,14 +356,21 @@ impl Server {
         if let (Role::Standby, Some(upstream)) = (role, upstream) {
             // The password is in a private passfile, never in the configuration.
             let passfile = self.passfile()?;
-            let name = wanted.slot().unwrap_or_else(|| "bulkhead".into());
+            // Another cluster's primary has slots and synchronous standby names of its
+            // own instances: a replica cluster streams without a slot there, under a
+            // name none of them has.
+            let name = match (upstream.external, wanted.slot()) {
+                (true, _) => EXTERNAL_APPLICATION_NAME.to_string(),
+                (false, Some(slot)) => slot,
+                (false, None) => "bulkhead".into(),
+            };
             conf.push_str(&format!(
                 "primary_conninfo = 'host={} port={} user={REPLICATION_USER} passfile={} application_name={name} connect_timeout=5'\n",
                 upstream.host,
                 upstream.port,
                 passfile.display()
             ));
-            if let Some(slot) = wanted.slot() {
+            if let Some(slot) = wanted.slot().filter(|_| !upstream.external) {
                 conf.push_str(&format!("primary_slot_name = '{slot}'\n"));
             }
         }
