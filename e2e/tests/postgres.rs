@@ -785,17 +785,30 @@ async fn a_version_upgrade_replaces_the_standbys_first_and_the_primary_after_a_s
         .generation;
     // When the status first said every replica runs the new version (what a rollout
     // wave waits on).
-    let reported: Arc<Mutex<Option<Instant>>> = Arc::default();
+    // The pods still on the old template when the status first said every replica runs
+    // the new version (what a rollout wave waits on): read after the status, so none may
+    // be left.
+    let reported: Arc<Mutex<Option<Vec<String>>>> = Arc::default();
     let reporter = {
-        let (api, reported) = (api.clone(), reported.clone());
+        let (api, pods, reported) = (api.clone(), pods.clone(), reported.clone());
+        let old_revision = old_revision.clone();
         tokio::spawn(async move {
             loop {
                 if let Ok(db) = api.get("orders").await {
                     let status = db.status.unwrap_or_default();
                     if status.observed_generation >= generation
                         && status.updated_replicas == Some(3)
+                        && let Ok(list) = pods.list(&Default::default()).await
                     {
-                        reported.lock().unwrap().get_or_insert_with(Instant::now);
+                        let old: Vec<String> = list
+                            .items
+                            .iter()
+                            .filter(|p| {
+                                p.labels().get("controller-revision-hash") == old_revision.as_ref()
+                            })
+                            .map(|p| p.name_any())
+                            .collect();
+                        reported.lock().unwrap().get_or_insert(old);
                     }
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -863,15 +876,14 @@ async fn a_version_upgrade_replaces_the_standbys_first_and_the_primary_after_a_s
             .map(|(pod, when)| (pod, when.duration_since(upgraded_at)))
             .collect::<Vec<_>>()
     );
-    let reported = reported
+    let left = reported
         .lock()
         .unwrap()
+        .clone()
         .expect("the status never reported 3 updated replicas");
     assert!(
-        reported >= at("orders-0"),
-        "updatedReplicas reached 3 {:?} after the change, before the primary's pod was replaced ({:?})",
-        reported.duration_since(upgraded_at),
-        at("orders-0").duration_since(upgraded_at)
+        left.is_empty(),
+        "updatedReplicas reached 3 while {left:?} still ran the old template"
     );
     let status = api.get("orders").await?.status.unwrap_or_default();
     assert_ne!(
@@ -898,5 +910,180 @@ async fn a_version_upgrade_replaces_the_standbys_first_and_the_primary_after_a_s
     for reason in ["Upgrading", "Switchover"] {
         assert!(reasons.iter().any(|r| r == reason), "{reason}: {reasons:?}");
     }
+    Ok(())
+}
+
+/// The reasons of a MyDatabase's conditions, by type.
+async fn condition_reason(api: &Api<MyDatabase>, name: &str, type_: &str) -> Option<String> {
+    let database = api.get(name).await.ok()?;
+    bulkhead::api::find_condition(&database.status?.conditions, type_).map(|c| c.reason.clone())
+}
+
+/// Waits until every instance of `service` in a cluster has `rows` rows; how long it took.
+async fn wait_rows_everywhere(
+    client: &Client,
+    ns: &str,
+    service: &str,
+    credentials: &AppCredentials,
+    rows: i64,
+    instances: usize,
+) -> Result<Duration> {
+    let started = Instant::now();
+    let addresses = wait_for(
+        &format!("{instances} ready endpoints of {service}"),
+        Duration::from_secs(120),
+        || async move {
+            match endpoints(client, ns, service).await {
+                Ok(found) if found.len() == instances => Check::Done(found),
+                Ok(found) => Check::Waiting(format!("{found:?}")),
+                Err(e) => Check::Waiting(format!("{e:#}")),
+            }
+        },
+    )
+    .await?;
+    for address in addresses {
+        wait_rows(address, credentials, rows).await?;
+    }
+    Ok(started.elapsed())
+}
+
+/// A replica cluster made by hand (`spec.topology.replicaOf`, the Secrets copied from the
+/// source): west's designated primary streams east's primary through east's outside
+/// address (what a partition of east cuts), west's other instance cascades from it.
+/// Every write on east reaches every west instance; west refuses writes in the server,
+/// its `-rw` has no endpoints; cut off from east it serves what it has, and after the
+/// heal it catches up with what east took meanwhile.
+#[tokio::test]
+async fn a_replica_cluster_streams_from_another_clusters_primary_through_a_partition() -> Result<()>
+{
+    use k8s_openapi::api::core::v1::Secret;
+    let lab = support::lab().await?;
+    for cluster in ["east", "west"] {
+        lab.install_crds(cluster, &lab::crd_dir()).await?;
+    }
+    let namespace = TestNamespace::create(&lab, "pg-replica", &["east", "west"]).await?;
+    let ns = namespace.name.as_str();
+    let east = lab.inside_client("east").await?;
+    let west = lab.inside_client("west").await?;
+    let east_agent = agent(&lab, "east", ns, &["--no-fencing"])?;
+    let west_agent = agent(&lab, "west", ns, &["--no-fencing"])?;
+    let (primary, credentials) = database_up(&east, ns, "orders", (2, 0), &east_agent).await?;
+    write_rows(&connect(primary, &credentials).await?, 0..20, true).await?;
+
+    // The source's passwords: west's data will be a copy of east's.
+    for name in ["orders-instance", "orders-app"] {
+        let source = Api::<Secret>::namespaced(east.clone(), ns)
+            .get(name)
+            .await?;
+        let copy = Secret {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                labels: source.metadata.labels.clone(),
+                ..Default::default()
+            },
+            data: source.data.clone(),
+            type_: source.type_.clone(),
+            ..Default::default()
+        };
+        Api::<Secret>::namespaced(west.clone(), ns)
+            .create(&PostParams::default(), &copy)
+            .await?;
+    }
+    // East publishes where other clusters reach its primary: the outside address.
+    let source_host = outside(primary)?.to_string();
+    let east_api: Api<MyDatabase> = Api::namespaced(east.clone(), ns);
+    wait_for(
+        "east's status.endpoint names its primary's outside address",
+        Duration::from_secs(30),
+        || {
+            let (api, expected) = (east_api.clone(), source_host.clone());
+            async move {
+                let endpoint = api
+                    .get("orders")
+                    .await
+                    .ok()
+                    .and_then(|d| d.status?.endpoint);
+                match endpoint {
+                    Some(e) if e.host == expected && e.port == 5432 => Check::Done(()),
+                    other => Check::Waiting(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await?;
+    let replica: MyDatabase = serde_json::from_value(serde_json::json!({
+        "apiVersion": "example.com/v1", "kind": "MyDatabase",
+        "metadata": {"name": "orders"},
+        "spec": {"replicas": 2, "version": "15", "storage": {"size": "1Gi"},
+                 "topology": {"replicaOf": {"host": source_host, "port": 5432}}}
+    }))?;
+    let west_api: Api<MyDatabase> = Api::namespaced(west.clone(), ns);
+    west_api.create(&PostParams::default(), &replica).await?;
+    let copied = wait_rows_everywhere(&west, ns, "orders-r", &credentials, 20, 2)
+        .await
+        .with_context(|| format!("west's agent log:\n{}", west_agent.log_tail()))?;
+    eprintln!("replica cluster copied and streaming {copied:?} after its creation");
+    assert!(
+        endpoints(&west, ns, "orders-rw").await?.is_empty(),
+        "a replica cluster's -rw has no endpoints"
+    );
+    for type_ in ["ReadOnly", "PrimaryAvailable"] {
+        let reason = wait_for(
+            &format!("west's {type_} condition"),
+            Duration::from_secs(30),
+            || {
+                let api = west_api.clone();
+                async move {
+                    match condition_reason(&api, "orders", type_).await {
+                        Some(r) if r == "ReplicaCluster" => Check::Done(r),
+                        other => Check::Waiting(format!("{other:?}")),
+                    }
+                }
+            },
+        )
+        .await?;
+        assert_eq!(reason, "ReplicaCluster");
+    }
+    let west_instances = endpoints(&west, ns, "orders-r").await?;
+    for address in &west_instances {
+        let error = connect(*address, &credentials)
+            .await?
+            .batch_execute(
+                "SET default_transaction_read_only = off; INSERT INTO orders VALUES (999)",
+            )
+            .await
+            .expect_err("a replica cluster's instance refuses writes");
+        assert_eq!(sqlstate(&error).as_deref(), Some(READ_ONLY), "{error}");
+    }
+
+    // Writes on east reach west.
+    let writer = connect(primary, &credentials).await?;
+    let written = Instant::now();
+    write_rows(&writer, 20..30, false).await?;
+    let lag = wait_rows_everywhere(&west, ns, "orders-r", &credentials, 30, 2).await?;
+    eprintln!(
+        "10 writes on east on every west instance {lag:?} after the first ({:?} after the last)",
+        written.elapsed()
+    );
+
+    // East cut off (its outside addresses, the source's among them): west serves what
+    // it has; east, not fenced here, takes writes inside its zone.
+    let partition = Partition::start(&lab, "east")?;
+    write_rows(&writer, 30..40, false).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for address in &west_instances {
+        assert_eq!(
+            count(&connect(*address, &credentials).await?).await?,
+            30,
+            "{address} serves reads through the partition"
+        );
+    }
+    partition.heal()?;
+    let healed = Instant::now();
+    wait_rows_everywhere(&west, ns, "orders-r", &credentials, 40, 2).await?;
+    eprintln!(
+        "west caught up with east's writes during the partition {:?} after the heal",
+        healed.elapsed()
+    );
     Ok(())
 }

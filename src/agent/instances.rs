@@ -29,7 +29,7 @@ use super::roles::{self, Recorded, RoleDecision, RoleInput};
 use super::upgrade::{self, UpgradeInput, UpgradePod, UpgradeStep};
 use crate::api::MyDatabase;
 use crate::api::instance::{INSTANCE_PORT, InstanceStatus, Role, parse_lsn};
-use crate::api::mydatabase::DatabaseInstanceStatus;
+use crate::api::mydatabase::{DatabaseInstanceStatus, ReplicaSource};
 use crate::instance::client;
 
 /// How long a round waits for an instance it just told to promote to run as primary.
@@ -52,6 +52,8 @@ pub struct InstanceSettings {
     pub failover_after: Duration,
     /// How long one request to an instance may take.
     pub request_timeout: Duration,
+    /// The pod annotation holding a pod's address from other clusters (None: its IP).
+    pub external_address_annotation: Option<String>,
 }
 
 impl Default for InstanceSettings {
@@ -60,6 +62,7 @@ impl Default for InstanceSettings {
             round: Duration::from_secs(1),
             failover_after: Duration::from_secs(5),
             request_timeout: Duration::from_secs(1),
+            external_address_annotation: None,
         }
     }
 }
@@ -78,6 +81,8 @@ pub struct InstancesView {
     pub instances: Vec<DatabaseInstanceStatus>,
     pub primary_available: ConditionParts,
     pub replication_healthy: ConditionParts,
+    /// Where other clusters reach the recorded primary (`status.endpoint`).
+    pub endpoint: Option<ReplicaSource>,
 }
 
 /// WAL positions and lag alone move with every write: they reach the status at most this
@@ -606,13 +611,25 @@ impl Loop {
             self.replace(&database, target, why, tracked).await;
         }
 
-        let view = view(
+        let mut view = view(
             &names,
             &latest,
             tracked.recorded.primary.as_deref(),
             read_only,
             &message,
         );
+        view.endpoint = tracked
+            .recorded
+            .primary
+            .as_ref()
+            .and_then(|primary| pods.iter().find(|p| p.name_any() == *primary))
+            .and_then(|pod| {
+                external_address(pod, self.settings.external_address_annotation.as_deref())
+            })
+            .map(|host| ReplicaSource {
+                host,
+                port: POSTGRES_PORT,
+            });
         if self.views.set(&database_key, view, Instant::now()) {
             let _ = self
                 .changed
@@ -781,6 +798,20 @@ impl Loop {
     }
 }
 
+/// The address other clusters reach `pod` at: the value of `annotation` when one is
+/// configured (None while the pod lacks it: its IP is not reachable from there), else the
+/// pod IP.
+pub fn external_address(pod: &Pod, annotation: Option<&str>) -> Option<String> {
+    match annotation {
+        Some(key) => pod
+            .annotations()
+            .get(key)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty()),
+        None => pod_ip(pod).map(|ip| ip.to_string()),
+    }
+}
+
 /// The view of one round: each instance, and the two conditions.
 pub fn view(
     names: &[String],
@@ -908,6 +939,7 @@ pub fn view(
         instances,
         primary_available,
         replication_healthy,
+        endpoint: None,
     }
 }
 
@@ -1018,6 +1050,27 @@ mod tests {
             view.primary_available
                 .message
                 .contains("takes over after 6s")
+        );
+    }
+
+    #[test]
+    fn the_external_address_is_the_annotation_when_one_is_named_else_the_pod_ip() {
+        let mut pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "orders-0"},
+            "status": {"podIP": "10.201.1.4"}
+        }))
+        .unwrap();
+        assert_eq!(external_address(&pod, None).as_deref(), Some("10.201.1.4"));
+        let key = "example.net/external-address";
+        assert_eq!(
+            external_address(&pod, Some(key)),
+            None,
+            "the pod IP is not reachable from elsewhere when the network names another"
+        );
+        pod.metadata.annotations = Some([(key.to_string(), "10.201.101.4".to_string())].into());
+        assert_eq!(
+            external_address(&pod, Some(key)).as_deref(),
+            Some("10.201.101.4")
         );
     }
 

@@ -94,6 +94,12 @@ pub struct AgentOptions {
     /// A taint key database pods tolerate (any value and effect; repeatable).
     #[arg(long)]
     pub database_toleration: Vec<String>,
+    /// A pod annotation holding the address other clusters reach a database pod at (set
+    /// by your network: a per-pod load balancer, an egress gateway). Unset: the pod IP
+    /// (pod networks routed between clusters). Published as `status.endpoint` for
+    /// replica clusters.
+    #[arg(long)]
+    pub external_address_annotation: Option<String>,
     #[command(flatten)]
     pub webhook_options: crate::webhook::WebhookServerOptions,
 }
@@ -166,6 +172,7 @@ pub async fn run(options: AgentOptions) -> Result<()> {
         recorder.clone(),
         instances::InstanceSettings {
             failover_after: Duration::from_secs_f64(options.failover_after_seconds),
+            external_address_annotation: options.external_address_annotation.clone(),
             ..Default::default()
         },
         process.shutdown.clone(),

@@ -265,6 +265,9 @@ pub fn compute_status(observed: &Observed) -> MyDatabaseStatus {
         // The instance loop's record, kept as read (`report` never writes these back).
         primary: previous.primary,
         term: previous.term,
+        endpoint: observed
+            .instances
+            .map_or(previous.endpoint, |v| v.endpoint.clone()),
         instances: observed
             .instances
             .map(|v| v.instances.clone())

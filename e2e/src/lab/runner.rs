@@ -51,12 +51,18 @@ use super::{ClusterInfo, network};
 /// the label run for real.
 pub const RUNNER_LABEL: &str = "bulkhead.example.com/lab-runner";
 
+/// The annotation on each pod the runner runs that holds its outside address (what a
+/// network publishing per-pod external addresses would set); agents name it with
+/// `--external-address-annotation`.
+pub const OUTSIDE_ADDRESS_ANNOTATION: &str = "bulkhead.example.com/lab-outside-address";
+
 /// The agent's arguments that put database pods on the database node, where they run
 /// real PostgreSQL (without them they land on kwok's nodes and never run).
 pub fn agent_args() -> Vec<String> {
     vec![
         format!("--database-node-selector={RUNNER_LABEL}=true"),
         format!("--database-toleration={RUNNER_LABEL}"),
+        format!("--external-address-annotation={OUTSIDE_ADDRESS_ANNOTATION}"),
     ]
 }
 
@@ -520,6 +526,20 @@ impl Runner {
                 }
             }
             probe(info, &spec.containers, run).await;
+        }
+        let outside = outside_address(info, run.slot).to_string();
+        if pod.annotations().get(OUTSIDE_ADDRESS_ANNOTATION) != Some(&outside) {
+            let pods: Api<Pod> = Api::namespaced(client.clone(), &run.namespace);
+            let patch = serde_json::json!({"metadata": {"annotations": {OUTSIDE_ADDRESS_ANNOTATION: outside}}});
+            if let Err(error) = pods
+                .patch(&run.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                eprintln!(
+                    "runner: annotating pod {}/{}: {error}",
+                    run.namespace, run.name
+                );
+            }
         }
         let status = pod_status(info, pod, run);
         if run.reported.as_ref() != Some(&status) {
