@@ -606,3 +606,86 @@ async fn a_replica_cluster_streams_from_the_source_and_its_standbys_cascade() {
     drop(designated);
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// A database made a replica cluster of another one after the fact: its primary (an old
+/// primary of other data) is rewound or copied anew, and its standby, which never was a
+/// primary, finds that its data is another database's than its upstream's now (their
+/// system identifiers differ) and is copied anew too, its old data kept beside.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_of_another_database_are_copied_again_when_they_join_a_replica_cluster() {
+    let Some(_) = bulkhead::instance::postgres::find_bin_dir() else {
+        panic!("PostgreSQL is not installed (e2e/setup.sh installs Debian's postgresql)");
+    };
+    let root = std::env::temp_dir().join(format!("bulkhead-reclone-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+
+    // The source, and an unrelated database of two instances.
+    let source = start(&root, "source", "60s");
+    wait_role(&source, Role::Primary, Some(&primary(1))).await;
+    client(&source)
+        .await
+        .batch_execute(
+            "CREATE TABLE orders (id int primary key); INSERT INTO orders VALUES (1), (2)",
+        )
+        .await
+        .unwrap();
+    let other = start(&root, "other", "60s");
+    wait_role(&other, Role::Primary, Some(&primary(1))).await;
+    client(&other)
+        .await
+        .batch_execute("CREATE TABLE unrelated (x int)")
+        .await
+        .unwrap();
+    let standby_of_other = start(&root, "standby", "60s");
+    let standby_word = standby(1, Some(&other));
+    wait_role(&standby_of_other, Role::Standby, Some(&standby_word)).await;
+
+    // The unrelated database becomes a replica cluster of the source.
+    let mut designated = standby(1, Some(&source));
+    designated.upstream.as_mut().unwrap().external = true;
+    let started = Instant::now();
+    loop {
+        tell(&source, &primary(1)).await;
+        tell(&other, &designated).await;
+        tell(&standby_of_other, &standby_word).await;
+        let copied = match try_client(&standby_of_other).await {
+            Some(session) => session
+                .query_one("SELECT count(*) FROM orders", &[])
+                .await
+                .is_ok_and(|r| r.get::<_, i64>(0) == 2),
+            None => false,
+        };
+        if copied {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "the standby never held the source's data: {:?}; its log:\n{}",
+            status(&standby_of_other).await,
+            std::fs::read_to_string(standby_of_other.dir.join("instance.log")).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    eprintln!(
+        "the standby of the other database copied the source's data {:?} after the change",
+        started.elapsed()
+    );
+    for instance in [&other, &standby_of_other] {
+        let kept: Vec<String> = std::fs::read_dir(&instance.dir)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.contains(".diverged-"))
+            .collect();
+        assert_eq!(
+            kept.len(),
+            1,
+            "{}: the old data is kept beside: {kept:?}",
+            instance.dir.display()
+        );
+    }
+    drop(standby_of_other);
+    drop(other);
+    drop(source);
+    let _ = std::fs::remove_dir_all(&root);
+}

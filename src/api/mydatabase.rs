@@ -117,8 +117,8 @@ pub struct DatabaseTopology {
     /// replica cluster accepts writes: `<name>-rw` has no endpoints, `<name>-ro` serves
     /// reads, and nothing is ever promoted (condition `ReadOnly`, reason
     /// `ReplicaCluster`). The `<name>-instance` and `<name>-app` Secrets must hold the
-    /// source's passwords (its data is a copy of the source's). Create a replica cluster
-    /// empty: instances that already hold another database's data are not copied again.
+    /// source's passwords (its data is a copy of the source's). An instance that holds
+    /// another database's data is copied anew, its old data directory kept beside.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replica_of: Option<ReplicaSource>,
 }
@@ -279,6 +279,12 @@ pub struct MyDatabaseStatus {
     /// write again.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub term: u64,
+
+    /// In a member: where other clusters reach the recorded primary's PostgreSQL (its
+    /// pod's address from outside the cluster), the source a replica cluster streams
+    /// from (`spec.topology.replicaOf`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<ReplicaSource>,
 
     /// In a member: each instance as its instance manager reported it last.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

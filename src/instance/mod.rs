@@ -91,7 +91,16 @@ struct State {
     desired: Option<Desired>,
     heard_at: Option<Instant>,
     status: InstanceStatus,
+    /// Since when this standby has not streamed from its upstream (None: it streams, or
+    /// is no standby with an upstream).
+    not_streaming_since: Option<Instant>,
+    /// When its data's identity was last compared with the upstream's.
+    identity_checked_at: Option<Instant>,
 }
+
+/// How long a standby may fail to stream before its data's identity is compared with its
+/// upstream's (and how often at most).
+const IDENTITY_CHECK_AFTER: Duration = Duration::from_secs(10);
 
 /// The running instance manager.
 pub struct Instance {
@@ -476,6 +485,34 @@ impl Instance {
             }
             _ => {}
         }
+        if observed.role == Role::Standby
+            && wanted.role == Role::Standby
+            && let Some(upstream) = wanted.upstream.clone()
+            && self.holds_another_database(&client, &upstream).await
+        {
+            // Another database's data (a cluster made a replica cluster, a standby of a
+            // primary that was copied again): copied anew, the old directory kept beside.
+            drop(client);
+            if let Some(mut stopped) = child.take() {
+                Server::stop(&mut stopped, Duration::from_secs(30)).await?;
+            }
+            let aside = self.server.set_aside()?;
+            tracing::warn!(kept = %aside.display(), host = %upstream.host, "this data is another database's than the upstream's; copying the upstream's (the old data directory is kept)");
+            self.report(|s| {
+                s.ready = false;
+                s.message = format!(
+                    "copying {}:{} with pg_basebackup: this data was another database's (kept in {})",
+                    upstream.host,
+                    upstream.port,
+                    aside.display()
+                )
+            });
+            self.server.base_backup(&upstream).await?;
+            let term = self.lock().status.term;
+            self.server.record_term(term)?;
+            *running = None;
+            return Ok(());
+        }
         if (observed.role == Role::Primary && wanted.role == Role::Primary)
             || (observed.role == Role::Standby && !wanted.standbys.is_empty())
         {
@@ -504,6 +541,50 @@ impl Instance {
 }
 
 impl Instance {
+    /// Whether this standby, not streaming for [`IDENTITY_CHECK_AFTER`], holds another
+    /// database than `upstream` (their system identifiers differ). Checked at most that
+    /// often; false while either cannot be read.
+    async fn holds_another_database(
+        &self,
+        client: &tokio_postgres::Client,
+        upstream: &Upstream,
+    ) -> bool {
+        let now = Instant::now();
+        if Server::streaming(client).await.unwrap_or(true) {
+            self.lock().not_streaming_since = None;
+            return false;
+        }
+        {
+            let mut state = self.lock();
+            let since = *state.not_streaming_since.get_or_insert(now);
+            if now.duration_since(since) < IDENTITY_CHECK_AFTER
+                || state
+                    .identity_checked_at
+                    .is_some_and(|at| now.duration_since(at) < IDENTITY_CHECK_AFTER)
+            {
+                return false;
+            }
+            state.identity_checked_at = Some(now);
+        }
+        let own = Server::system_identifier(client).await;
+        let theirs = match self.server.connect_upstream(upstream).await {
+            Ok(source) => Server::system_identifier(&source).await,
+            Err(error) => Err(error),
+        };
+        match (own, theirs) {
+            (Ok(own), Ok(theirs)) => {
+                if own != theirs {
+                    tracing::info!(own, theirs, host = %upstream.host, "the upstream is another database");
+                }
+                own != theirs
+            }
+            (own, theirs) => {
+                tracing::debug!(?own, ?theirs, "comparing system identifiers");
+                false
+            }
+        }
+    }
+
     /// Makes a stopped old primary's data follow `upstream`: `pg_rewind` (what it wrote
     /// after the histories diverged is undone; the new primary's history wins).
     /// Starts a new database as a primary reachable on its Unix socket only, creates the

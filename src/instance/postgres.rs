@@ -465,6 +465,53 @@ impl Server {
         Ok(client)
     }
 
+    /// The database system identifier of the server `client` is connected to: two data
+    /// directories with different ones are two databases, and a standby of the one never
+    /// streams from the other.
+    pub async fn system_identifier(client: &tokio_postgres::Client) -> Result<String> {
+        Ok(client
+            .query_one(
+                "SELECT system_identifier::text FROM pg_control_system()",
+                &[],
+            )
+            .await
+            .context("reading the database system identifier")?
+            .get(0))
+    }
+
+    /// A superuser session on `upstream` over TCP (the password is the Secret's: a replica
+    /// cluster's Secrets are its source's), to read its system identifier.
+    pub async fn connect_upstream(&self, upstream: &Upstream) -> Result<tokio_postgres::Client> {
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host(&upstream.host)
+            .port(upstream.port)
+            .user(SUPERUSER)
+            .password(&self.superuser_password)
+            .dbname("postgres")
+            .options("-c statement_timeout=10000")
+            .connect_timeout(Duration::from_secs(5));
+        let (client, connection) = config
+            .connect(tokio_postgres::NoTls)
+            .await
+            .with_context(|| format!("connecting to {}:{}", upstream.host, upstream.port))?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        Ok(client)
+    }
+
+    /// Whether this standby's WAL receiver streams now.
+    pub async fn streaming(client: &tokio_postgres::Client) -> Result<bool> {
+        Ok(client
+            .query_one(
+                "SELECT count(*) > 0 FROM pg_stat_wal_receiver WHERE status = 'streaming'",
+                &[],
+            )
+            .await?
+            .get(0))
+    }
+
     /// The server's role and position.
     pub async fn observe(client: &tokio_postgres::Client) -> Result<Observed> {
         let row = client
