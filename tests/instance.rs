@@ -223,14 +223,29 @@ async fn count(client: &tokio_postgres::Client) -> i64 {
         .get(0)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_primary_and_a_standby_follow_the_agent_and_the_server_refuses_writes_when_demoted() {
+/// A fresh directory for one test's instances (PostgreSQL must be installed).
+fn test_root(prefix: &str) -> PathBuf {
     let Some(_) = bulkhead::instance::postgres::find_bin_dir() else {
         panic!("PostgreSQL is not installed (e2e/setup.sh installs Debian's postgresql)");
     };
-    let root = std::env::temp_dir().join(format!("bulkhead-instance-test-{}", std::process::id()));
+    let root = std::env::temp_dir().join(format!("{prefix}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(&root).unwrap();
+    root
+}
+
+/// The data directories an instance set aside (`<pgdata>.diverged-<time>`).
+fn set_aside(instance: &InstanceProcess) -> Vec<String> {
+    std::fs::read_dir(&instance.dir)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.contains(".diverged-"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_and_a_standby_follow_the_agent_and_the_server_refuses_writes_when_demoted() {
+    let root = test_root("bulkhead-instance-test");
 
     // The first primary: no data until the agent names its role, then initdb.
     let a = start(&root, "a", "60s");
@@ -403,9 +418,7 @@ async fn a_primary_and_a_standby_follow_the_agent_and_the_server_refuses_writes_
 /// what it wrote after the histories diverged is gone, the new primary's writes are there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_old_primary_that_diverged_rewinds_and_follows_the_new_one() {
-    let root = std::env::temp_dir().join(format!("bulkhead-rewind-test-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
-    std::fs::create_dir_all(&root).unwrap();
+    let root = test_root("bulkhead-rewind-test");
     let a = start(&root, "a", "60s");
     wait_role(&a, Role::Primary, Some(&primary(1))).await;
     let on_a = client(&a).await;
@@ -465,11 +478,7 @@ async fn an_old_primary_that_diverged_rewinds_and_follows_the_new_one() {
     assert_eq!(status(&a).await.unwrap().term, 2);
     // Rewound in place (wal_keep_size kept the WAL back to the common checkpoint), not
     // copied again: no data directory was set aside.
-    let aside: Vec<_> = std::fs::read_dir(&a.dir)
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_string_lossy().contains(".diverged-"))
-        .collect();
+    let aside = set_aside(&a);
     assert!(aside.is_empty(), "re-cloned instead of rewound: {aside:?}");
     drop(a);
     drop(b);
@@ -484,12 +493,7 @@ async fn an_old_primary_that_diverged_rewinds_and_follows_the_new_one() {
 /// serves what it has.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_cluster_streams_from_the_source_and_its_standbys_cascade() {
-    let Some(_) = bulkhead::instance::postgres::find_bin_dir() else {
-        panic!("PostgreSQL is not installed (e2e/setup.sh installs Debian's postgresql)");
-    };
-    let root = std::env::temp_dir().join(format!("bulkhead-replica-test-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
-    std::fs::create_dir_all(&root).unwrap();
+    let root = test_root("bulkhead-replica-test");
 
     // The source cluster's primary, orders-0 there.
     let source = start(&root, "source", "60s");
@@ -613,12 +617,7 @@ async fn a_replica_cluster_streams_from_the_source_and_its_standbys_cascade() {
 /// system identifiers differ) and is copied anew too, its old data kept beside.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_of_another_database_are_copied_again_when_they_join_a_replica_cluster() {
-    let Some(_) = bulkhead::instance::postgres::find_bin_dir() else {
-        panic!("PostgreSQL is not installed (e2e/setup.sh installs Debian's postgresql)");
-    };
-    let root = std::env::temp_dir().join(format!("bulkhead-reclone-test-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
-    std::fs::create_dir_all(&root).unwrap();
+    let root = test_root("bulkhead-reclone-test");
 
     // The source, and an unrelated database of two instances.
     let source = start(&root, "source", "60s");
@@ -672,11 +671,7 @@ async fn instances_of_another_database_are_copied_again_when_they_join_a_replica
         started.elapsed()
     );
     for instance in [&other, &standby_of_other] {
-        let kept: Vec<String> = std::fs::read_dir(&instance.dir)
-            .unwrap()
-            .filter_map(|e| e.ok()?.file_name().into_string().ok())
-            .filter(|n| n.contains(".diverged-"))
-            .collect();
+        let kept = set_aside(instance);
         assert_eq!(
             kept.len(),
             1,

@@ -455,14 +455,9 @@ impl Server {
             // for long either.
             .options("-c synchronous_commit=local -c statement_timeout=10000")
             .connect_timeout(Duration::from_secs(3));
-        let (client, connection) = config
-            .connect(tokio_postgres::NoTls)
+        open(&config)
             .await
-            .context("connecting to PostgreSQL over its socket")?;
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
-        Ok(client)
+            .context("connecting to PostgreSQL over its socket")
     }
 
     /// The database system identifier of the server `client` is connected to: two data
@@ -491,14 +486,9 @@ impl Server {
             .dbname("postgres")
             .options("-c statement_timeout=10000")
             .connect_timeout(Duration::from_secs(5));
-        let (client, connection) = config
-            .connect(tokio_postgres::NoTls)
+        open(&config)
             .await
-            .with_context(|| format!("connecting to {}:{}", upstream.host, upstream.port))?;
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
-        Ok(client)
+            .with_context(|| format!("connecting to {}:{}", upstream.host, upstream.port))
     }
 
     /// Whether this standby's WAL receiver streams now.
@@ -675,6 +665,15 @@ pub fn find_bin_dir() -> Option<PathBuf> {
         .collect();
     versions.sort();
     versions.pop().map(|(_, bin)| bin)
+}
+
+/// A session of `config`, its connection driven in the background.
+async fn open(config: &tokio_postgres::Config) -> Result<tokio_postgres::Client> {
+    let (client, connection) = config.connect(tokio_postgres::NoTls).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
 }
 
 #[cfg(test)]
