@@ -124,7 +124,7 @@ pub fn cluster_role_binding() -> ClusterRoleBinding {
 }
 
 /// The Deployment running `bulkhead agent` with `image`.
-pub fn deployment(image: &str) -> Deployment {
+pub fn deployment(image: &str, extra_args: &[String]) -> Deployment {
     let labels = BTreeMap::from([("app.kubernetes.io/name".to_string(), AGENT_NAME.to_string())]);
     let probe = |path: &str| Probe {
         http_get: Some(HTTPGetAction {
@@ -170,16 +170,21 @@ pub fn deployment(image: &str) -> Deployment {
                     containers: vec![Container {
                         name: "agent".into(),
                         image: Some(image.into()),
-                        args: Some(vec![
-                            "agent".into(),
-                            "--probe-address".into(),
-                            "0.0.0.0:8080".into(),
-                            "--log-format".into(),
-                            "json".into(),
-                            // The database pods' init container copies `bulkhead
-                            // instance` from the agent's own image.
-                            format!("--instance-image={image}"),
-                        ]),
+                        args: Some(
+                            [
+                                "agent".into(),
+                                "--probe-address".into(),
+                                "0.0.0.0:8080".into(),
+                                "--log-format".into(),
+                                "json".into(),
+                                // The database pods' init container copies `bulkhead
+                                // instance` from the agent's own image.
+                                format!("--instance-image={image}"),
+                            ]
+                            .into_iter()
+                            .chain(extra_args.iter().cloned())
+                            .collect(),
+                        ),
                         ports: Some(vec![ContainerPort {
                             name: Some("probes".into()),
                             container_port: 8080,
@@ -274,7 +279,10 @@ mod tests {
 
     #[test]
     fn one_agent_replica_with_probes_and_the_service_account() {
-        let deployment = deployment("registry.local/bulkhead:1");
+        let deployment = deployment(
+            "registry.local/bulkhead:1",
+            &["--external-address-annotation=example.net/address".into()],
+        );
         let spec = deployment.spec.unwrap();
         assert_eq!(spec.replicas, Some(1));
         let pod = spec.template.spec.unwrap();
@@ -292,6 +300,11 @@ mod tests {
                 .unwrap()
                 .contains(&"--instance-image=registry.local/bulkhead:1".to_string()),
             "database pods get `bulkhead instance` from the agent's own image"
+        );
+        assert_eq!(
+            container.args.as_ref().unwrap().last().map(String::as_str),
+            Some("--external-address-annotation=example.net/address"),
+            "`join --agent-arg` adds to the agent's arguments"
         );
         assert!(container.readiness_probe.is_some() && container.liveness_probe.is_some());
         // What the `restricted` Pod Security level asks of a pod (a namespace enforcing it

@@ -92,6 +92,10 @@ pub struct JoinOptions {
     /// Image for the agent Deployment.
     #[arg(long, default_value = super::agent_install::DEFAULT_AGENT_IMAGE)]
     pub agent_image: String,
+    /// One more `bulkhead agent` argument for the installed agent (repeatable), e.g.
+    /// `--agent-arg=--external-address-annotation=example.net/external-address`.
+    #[arg(long, allow_hyphen_values = true)]
+    pub agent_arg: Vec<String>,
     /// Accept a member kubeconfig that sets `insecure-skip-tls-verify: true` or a plain
     /// `http://` server. Without this flag `join` refuses it: the hub's member token would
     /// go to an unverified server, or travel unencrypted.
@@ -516,7 +520,7 @@ where
 }
 
 /// Installs the agent's service account, RBAC and Deployment in the member.
-async fn install_agent(member: &Client, image: &str) -> Result<()> {
+async fn install_agent(member: &Client, image: &str, extra_args: &[String]) -> Result<()> {
     use super::agent_install as agent;
     use k8s_openapi::api::apps::v1::Deployment;
     apply(
@@ -540,7 +544,7 @@ async fn install_agent(member: &Client, image: &str) -> Result<()> {
     apply(
         &Api::<Deployment>::namespaced(member.clone(), SYSTEM_NAMESPACE),
         agent::AGENT_NAME,
-        &agent::deployment(image),
+        &agent::deployment(image, extra_args),
     )
     .await?;
     Ok(())
@@ -842,7 +846,7 @@ pub async fn join(options: &JoinOptions) -> Result<()> {
             format!("installing the hub's namespace guard in member {name}; nothing was changed on the hub")
         })?;
     if options.install_agent {
-        install_agent(&member, &options.agent_image)
+        install_agent(&member, &options.agent_image, &options.agent_arg)
             .await
             .with_context(|| {
                 format!("installing the agent in member {name}; nothing was changed on the hub")
