@@ -119,6 +119,7 @@ pub struct DatabaseTopology {
     /// `ReplicaCluster`). The `<name>-instance` and `<name>-app` Secrets must hold the
     /// source's passwords (its data is a copy of the source's). An instance that holds
     /// another database's data is copied anew, its old data directory kept beside.
+    /// Set it when the copy is created: the pods read the Secrets when they start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replica_of: Option<ReplicaSource>,
 }
