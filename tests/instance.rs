@@ -684,3 +684,57 @@ async fn instances_of_another_database_are_copied_again_when_they_join_a_replica
     drop(source);
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// A primary told to follow an upstream that does not answer (a mistyped `replicaOf`, a
+/// source still starting): `pg_rewind` cannot connect, so its data is left as it is (not
+/// set aside, not copied); it runs as a hot standby of what it has, serving reads, and
+/// takes writes again with every row once told to lead again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_primary_whose_upstream_does_not_answer_keeps_its_data() {
+    let root = test_root("bulkhead-unreachable-test");
+    let a = start(&root, "a", "60s");
+    wait_role(&a, Role::Primary, Some(&primary(1))).await;
+    client(&a)
+        .await
+        .batch_execute(
+            "CREATE TABLE orders (id int primary key); INSERT INTO orders VALUES (1), (2)",
+        )
+        .await
+        .unwrap();
+
+    let mut nowhere = standby(1, None);
+    nowhere.upstream = Some(Upstream {
+        host: "127.0.0.1".into(),
+        port: free_port(),
+        external: true,
+    });
+    wait_role(&a, Role::Standby, Some(&nowhere)).await;
+    for _ in 0..5 {
+        tell(&a, &nowhere).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let s = status(&a).await.unwrap();
+    assert_eq!(s.role, Some(Role::Standby), "{s:?}");
+    assert!(
+        set_aside(&a).is_empty(),
+        "the data was set aside: {:?}",
+        set_aside(&a)
+    );
+    let reader = client(&a).await;
+    assert_eq!(count(&reader).await, 2, "it serves what it has");
+    let error = reader
+        .batch_execute("INSERT INTO orders VALUES (3)")
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&error).as_deref(), Some("25006"), "{error}");
+
+    wait_role(&a, Role::Primary, Some(&primary(1))).await;
+    let writer = client(&a).await;
+    writer
+        .batch_execute("INSERT INTO orders VALUES (3)")
+        .await
+        .unwrap();
+    assert_eq!(count(&writer).await, 3);
+    drop(a);
+    let _ = std::fs::remove_dir_all(&root);
+}

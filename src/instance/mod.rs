@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::{Method, Request, Response, StatusCode};
@@ -96,7 +96,14 @@ struct State {
     not_streaming_since: Option<Instant>,
     /// When its data's identity was last compared with the upstream's.
     identity_checked_at: Option<Instant>,
+    /// An old primary's last attempt to follow its upstream failed (it did not answer):
+    /// not before this is it tried again.
+    follow_retry_at: Option<Instant>,
 }
+
+/// How long an old primary that could not follow its upstream waits before it tries
+/// again (it runs as a hot standby of what it has meanwhile).
+const FOLLOW_RETRY: Duration = Duration::from_secs(15);
 
 /// How long a standby may fail to stream before its data's identity is compared with its
 /// upstream's (and how often at most).
@@ -380,8 +387,10 @@ impl Instance {
             if wanted.role == Role::Standby
                 && let Some(upstream) = &wanted.upstream
                 && self.server.was_primary()
+                && self.follow_due()
+                && !self.try_follow(upstream).await
             {
-                self.follow(upstream).await?;
+                return Ok(());
             }
             self.server.configure(&wanted)?;
             *child = Some(self.server.start(&self.log)?);
@@ -450,8 +459,10 @@ impl Instance {
                 if let Some(mut stopped) = child.take() {
                     Server::stop(&mut stopped, Duration::from_secs(30)).await?;
                 }
-                if let Some(upstream) = &wanted.upstream {
-                    self.follow(upstream).await?;
+                if let Some(upstream) = &wanted.upstream
+                    && !self.try_follow(upstream).await
+                {
+                    return Ok(());
                 }
                 self.server.configure(&wanted)?;
                 *child = Some(self.server.start(&self.log)?);
@@ -459,7 +470,7 @@ impl Instance {
                 return Ok(());
             }
             (Role::Standby, Role::Standby)
-                if wanted.upstream.is_some() && self.server.was_primary() =>
+                if wanted.upstream.is_some() && self.server.was_primary() && self.follow_due() =>
             {
                 // A fenced old primary (a standby with nothing to follow) now told to
                 // follow another primary: its history may have diverged, so it stops and
@@ -468,8 +479,10 @@ impl Instance {
                 if let Some(mut stopped) = child.take() {
                     Server::stop(&mut stopped, Duration::from_secs(30)).await?;
                 }
-                if let Some(upstream) = &wanted.upstream {
-                    self.follow(upstream).await?;
+                if let Some(upstream) = &wanted.upstream
+                    && !self.try_follow(upstream).await
+                {
+                    return Ok(());
                 }
                 self.server.configure(&wanted)?;
                 *child = Some(self.server.start(&self.log)?);
@@ -617,6 +630,30 @@ impl Instance {
         result.context("creating the roles of a database created read-only")
     }
 
+    /// Whether an old primary may try to follow its upstream now.
+    fn follow_due(&self) -> bool {
+        self.lock()
+            .follow_retry_at
+            .is_none_or(|at| Instant::now() >= at)
+    }
+
+    /// [`Instance::follow`]; on a failure the next attempt waits [`FOLLOW_RETRY`]. Whether
+    /// the server can start now: its data is there (rewound, copied, or left as it was
+    /// because the upstream did not answer); false while a copy is still missing (the
+    /// next round copies it).
+    async fn try_follow(&self, upstream: &Upstream) -> bool {
+        match self.follow(upstream).await {
+            Ok(()) => {
+                self.lock().follow_retry_at = None;
+            }
+            Err(error) => {
+                tracing::warn!(error = %format!("{error:#}"), "following the upstream failed; running as a hot standby of what it has, trying again in {}s", FOLLOW_RETRY.as_secs());
+                self.lock().follow_retry_at = Some(Instant::now() + FOLLOW_RETRY);
+            }
+        }
+        self.server.initialized()
+    }
+
     async fn follow(&self, upstream: &Upstream) -> Result<()> {
         self.report(|s| {
             s.message = format!(
@@ -628,6 +665,25 @@ impl Instance {
         let Err(error) = self.server.rewind(upstream).await else {
             return Ok(());
         };
+        // Only an upstream that answers is copied: one that does not may be starting, cut
+        // off or mistyped (`replicaOf`), and the data stays as it is until it answers. A
+        // rewind that never connected changed nothing; one that failed later may have
+        // left the data half rewound, which only a copy mends.
+        if never_connected(&format!("{error:#}"))
+            && let Err(unreachable) = self.server.connect_upstream(upstream).await
+        {
+            self.report(|s| {
+                s.message = format!(
+                    "cannot follow {}:{}: pg_rewind failed and it does not answer ({unreachable:#}); the data is left as it is, trying again",
+                    upstream.host, upstream.port
+                )
+            });
+            bail!(
+                "pg_rewind from {}:{} failed ({error:#}) and it does not answer ({unreachable:#}): the data is left as it is",
+                upstream.host,
+                upstream.port
+            );
+        }
         // Re-cloned instead: the old directory is kept beside the new one.
         let aside = self.server.set_aside()?;
         tracing::warn!(error = %format!("{error:#}"), kept = %aside.display(), "pg_rewind failed; copying the new primary's data instead (the old data directory is kept)");
@@ -643,6 +699,13 @@ impl Instance {
         let term = self.lock().status.term;
         self.server.record_term(term)
     }
+}
+
+/// Whether a `pg_rewind` error says it could not connect to its source (libpq's
+/// "connection to server at ... failed", or "could not connect"): then it changed nothing.
+fn never_connected(error: &str) -> bool {
+    (error.contains("connection to server") && error.contains("failed"))
+        || error.contains("could not connect")
 }
 
 /// The instance API's listener: the agent, a connection a round.
