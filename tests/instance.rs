@@ -223,6 +223,20 @@ async fn count(client: &tokio_postgres::Client) -> i64 {
         .get(0)
 }
 
+/// A primary (term 1) holding table `orders` with rows 1 and 2.
+async fn primary_with_two_rows(root: &Path, name: &str) -> InstanceProcess {
+    let instance = start(root, name, "60s");
+    wait_role(&instance, Role::Primary, Some(&primary(1))).await;
+    client(&instance)
+        .await
+        .batch_execute(
+            "CREATE TABLE orders (id int primary key); INSERT INTO orders VALUES (1), (2)",
+        )
+        .await
+        .unwrap();
+    instance
+}
+
 /// A fresh directory for one test's instances (PostgreSQL must be installed).
 fn test_root(prefix: &str) -> PathBuf {
     let Some(_) = bulkhead::instance::postgres::find_bin_dir() else {
@@ -620,15 +634,7 @@ async fn instances_of_another_database_are_copied_again_when_they_join_a_replica
     let root = test_root("bulkhead-reclone-test");
 
     // The source, and an unrelated database of two instances.
-    let source = start(&root, "source", "60s");
-    wait_role(&source, Role::Primary, Some(&primary(1))).await;
-    client(&source)
-        .await
-        .batch_execute(
-            "CREATE TABLE orders (id int primary key); INSERT INTO orders VALUES (1), (2)",
-        )
-        .await
-        .unwrap();
+    let source = primary_with_two_rows(&root, "source").await;
     let other = start(&root, "other", "60s");
     wait_role(&other, Role::Primary, Some(&primary(1))).await;
     client(&other)
@@ -692,15 +698,7 @@ async fn instances_of_another_database_are_copied_again_when_they_join_a_replica
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_old_primary_whose_upstream_does_not_answer_keeps_its_data() {
     let root = test_root("bulkhead-unreachable-test");
-    let a = start(&root, "a", "60s");
-    wait_role(&a, Role::Primary, Some(&primary(1))).await;
-    client(&a)
-        .await
-        .batch_execute(
-            "CREATE TABLE orders (id int primary key); INSERT INTO orders VALUES (1), (2)",
-        )
-        .await
-        .unwrap();
+    let a = primary_with_two_rows(&root, "a").await;
 
     let mut nowhere = standby(1, None);
     nowhere.upstream = Some(Upstream {
