@@ -249,6 +249,8 @@ pub fn compute_status(observed: &Observed) -> MyDatabaseStatus {
     MyDatabaseStatus {
         observed_generation: generation,
         phase: Some(phase),
+        // Recorded by the hub on its template, never in a member.
+        primary_cluster: None,
         replicas: counts.current,
         ready_replicas: counts.ready,
         // Before the StatefulSet controller has seen the spec just applied, its counts are

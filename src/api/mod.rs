@@ -46,6 +46,9 @@ pub const ANNOTATION_TEMPLATE_DELETED: &str = "federation.example.com/template-d
 /// keeps only a summary of each copy (not its body), and tells by this hash whether the
 /// copy already holds what it would apply.
 pub const ANNOTATION_APPLIED_HASH: &str = "federation.example.com/applied-hash";
+/// Annotation on every member copy of a hub MyDatabase with replica clusters: the member
+/// cluster that holds the primary, recorded with the copies themselves.
+pub const ANNOTATION_PRIMARY_CLUSTER: &str = "federation.example.com/primary-cluster";
 /// Label naming the template a member copy belongs to: a hash of `<namespace>.<name>`
 /// (always a valid label value); the annotation of the same key holds the full name.
 pub const LABEL_BINDING: &str = "federation.example.com/binding";

@@ -122,6 +122,43 @@ pub struct DatabaseTopology {
     /// Set it when the copy is created: the pods read the Secrets when they start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replica_of: Option<ReplicaSource>,
+
+    /// On the federation hub: how the copies in different member clusters relate.
+    /// Independent (default): each cluster's copy is a database of its own. ReplicaClusters:
+    /// one cluster holds the primary (`primaryCluster`) and every other cluster's copy is a
+    /// replica cluster of it (the hub sets its `replicaOf` and copies the primary cluster's
+    /// Secrets there first). Once the hub has recorded a primary cluster
+    /// (`status.primaryCluster`) the copies stay replica clusters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub across_clusters: Option<AcrossClusters>,
+
+    /// On the federation hub, with ReplicaClusters (setting it implies ReplicaClusters):
+    /// the member cluster that holds the primary. Unset: the first cluster of the placement,
+    /// in the order the policy's `clusterAffinity.clusterNames` lists them (by name for
+    /// clusters it does not list). Read when the hub first records the primary cluster;
+    /// changing it afterwards does not move the primary (a switchover does).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"))]
+    pub primary_cluster: Option<String>,
+}
+
+/// How a federated database's copies in different member clusters relate.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum AcrossClusters {
+    /// Each cluster's copy is a database of its own.
+    #[default]
+    Independent,
+    /// One cluster holds the primary; the others stream from it as replica clusters.
+    ReplicaClusters,
+}
+
+/// The role of a cluster's copy of a federated database with replica clusters.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClusterRole {
+    /// Holds the primary: the only cluster whose copy accepts writes.
+    Primary,
+    /// A replica cluster: streams from the primary cluster and serves reads.
+    Replica,
 }
 
 /// Where a replica cluster streams from: the source cluster's primary, at an address
@@ -270,6 +307,11 @@ pub struct MyDatabaseStatus {
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub clusters: Vec<DatabaseClusterStatus>,
 
+    /// On the hub, with replica clusters: the member cluster that holds the primary, as
+    /// the hub recorded it (it does not move when `spec.topology.primaryCluster` changes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary_cluster: Option<String>,
+
     /// In a member: the instance (pod) the agent made primary. Recorded before the
     /// instance is promoted, so a restarted agent or an old primary finds the decision.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -355,6 +397,16 @@ pub struct DatabaseClusterStatus {
     /// When the hub last read this cluster's copy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_seen: Option<Time>,
+
+    /// With replica clusters: Primary or Replica.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<ClusterRole>,
+
+    /// A replica cluster: bytes of WAL its designated primary has received less than the
+    /// primary cluster's primary has written, from the positions both clusters last
+    /// reported (the agents refresh them at least every 30 s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_bytes: Option<u64>,
 }
 
 #[cfg(test)]

@@ -2,11 +2,13 @@
 //! each ResourceBinding's decision and what happened in every cluster, including the
 //! override policies applied to each cluster's copy.
 
-use anyhow::{Context, Result};
-use kube::Api;
-use kube::api::ListParams;
+use std::collections::BTreeMap;
 
-use crate::api::{MemberCluster, ResourceBinding, find_condition};
+use anyhow::{Context, Result};
+use kube::api::ListParams;
+use kube::{Api, ResourceExt};
+
+use crate::api::{MemberCluster, MyDatabase, ResourceBinding, find_condition};
 use crate::process::{ClientOptions, connect};
 
 /// `bulkhead get` options.
@@ -63,7 +65,12 @@ fn aligned(rows: &[Vec<String>], indent: &str) -> String {
 
 /// The `get bindings` text: per binding a title with its conditions, then one row per
 /// cluster with the decision (selected, replicas, reason) and the placement's state.
-pub fn bindings_table(bindings: &[ResourceBinding]) -> String {
+/// `primaries`: the primary cluster of each MyDatabase with replica clusters, by
+/// (namespace, name), as its template's status records it.
+pub fn bindings_table(
+    bindings: &[ResourceBinding],
+    primaries: &BTreeMap<(String, String), String>,
+) -> String {
     let mut sorted: Vec<&ResourceBinding> = bindings.iter().collect();
     sorted.sort_by_key(|b| (b.metadata.namespace.clone(), b.metadata.name.clone()));
     let mut out = String::new();
@@ -104,6 +111,28 @@ pub fn bindings_table(bindings: &[ResourceBinding]) -> String {
             .filter(|c| c.reason == crate::hub::federation::aggregate::WAITING_FOR_PARTITION)
         {
             out.push_str(&format!("  {}: {}\n", waiting.reason, waiting.message));
+        }
+        if resource.kind == "MyDatabase"
+            && let Some(primary) = primaries.get(&(
+                binding.metadata.namespace.clone().unwrap_or_default(),
+                resource.name.clone(),
+            ))
+        {
+            let replicas: Vec<&str> = binding
+                .spec
+                .clusters
+                .iter()
+                .map(|c| c.name.as_str())
+                .filter(|c| c != primary)
+                .collect();
+            out.push_str(&format!(
+                "  PrimaryCluster: {primary}; replica clusters: {}\n",
+                if replicas.is_empty() {
+                    "none".to_string()
+                } else {
+                    replicas.join(", ")
+                }
+            ));
         }
         let mut rows = vec![
             [
@@ -264,14 +293,33 @@ pub async fn run(options: &GetOptions) -> Result<()> {
                 .await
                 .context("connecting to the hub")?;
             let api: Api<ResourceBinding> = match &options.namespace {
-                Some(namespace) => Api::namespaced(client, namespace),
-                None => Api::all(client),
+                Some(namespace) => Api::namespaced(client.clone(), namespace),
+                None => Api::all(client.clone()),
             };
             let bindings = api
                 .list(&ListParams::default())
                 .await
                 .context("listing ResourceBindings on the hub")?;
-            print!("{}", bindings_table(&bindings.items));
+            // The primary cluster of each database with replica clusters (none when the
+            // hub does not serve MyDatabase).
+            let databases: Api<MyDatabase> = match &options.namespace {
+                Some(namespace) => Api::namespaced(client, namespace),
+                None => Api::all(client),
+            };
+            let primaries = databases
+                .list(&ListParams::default())
+                .await
+                .map(|list| {
+                    list.items
+                        .into_iter()
+                        .filter_map(|db| {
+                            let primary = db.status.as_ref()?.primary_cluster.clone()?;
+                            Some(((db.namespace().unwrap_or_default(), db.name_any()), primary))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            print!("{}", bindings_table(&bindings.items, &primaries));
         }
     }
     Ok(())
@@ -329,6 +377,31 @@ mod tests {
     }
 
     #[test]
+    fn a_database_with_replica_clusters_names_its_primary_cluster() {
+        let binding: ResourceBinding = serde_json::from_value(serde_json::json!({
+            "apiVersion": "federation.example.com/v1alpha1", "kind": "ResourceBinding",
+            "metadata": {"name": "orders-mydatabase", "namespace": "shop"},
+            "spec": {"resource": {"apiVersion": "example.com/v1", "kind": "MyDatabase", "name": "orders"},
+                     "replicas": 3,
+                     "clusters": [{"name": "east", "replicas": 1}, {"name": "west", "replicas": 1},
+                                  {"name": "north", "replicas": 1}]}
+        }))
+        .unwrap();
+        let primaries = BTreeMap::from([(
+            ("shop".to_string(), "orders".to_string()),
+            "west".to_string(),
+        )]);
+        let text = bindings_table(std::slice::from_ref(&binding), &primaries);
+        assert!(
+            text.lines()
+                .any(|l| l == "  PrimaryCluster: west; replica clusters: east, north"),
+            "{text}"
+        );
+        let independent = bindings_table(&[binding], &BTreeMap::new());
+        assert!(!independent.contains("PrimaryCluster"), "{independent}");
+    }
+
+    #[test]
     fn the_bindings_table_shows_decisions_and_placement_state() {
         let binding: ResourceBinding = serde_json::from_value(serde_json::json!({
             "apiVersion": "federation.example.com/v1alpha1", "kind": "ResourceBinding",
@@ -351,7 +424,7 @@ mod tests {
             }
         }))
         .unwrap();
-        let text = bindings_table(&[binding]);
+        let text = bindings_table(&[binding], &BTreeMap::new());
         assert!(
             text.starts_with(
                 "shop/web-deployment: Deployment web (6 replicas, policy weighted, interpreter -)  Scheduled=True"
@@ -396,6 +469,9 @@ mod tests {
             north.contains("override failed: OverridePolicy/shop/bad"),
             "{north}"
         );
-        assert_eq!(bindings_table(&[]), "no ResourceBindings\n");
+        assert_eq!(
+            bindings_table(&[], &BTreeMap::new()),
+            "no ResourceBindings\n"
+        );
     }
 }

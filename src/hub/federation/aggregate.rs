@@ -6,9 +6,10 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use serde_json::Value;
 
-use crate::api::mydatabase::{DatabaseClusterStatus, DatabasePhase};
+use crate::api::mydatabase::{ClusterRole, DatabaseClusterStatus, DatabasePhase};
 use crate::api::resource_binding::{ClusterPlacementStatus, PlacementHealth};
 use crate::api::{ConditionStatus, MyDatabaseStatus, new_condition, set_condition};
+use crate::hub::federation::replica_clusters::lag_bytes;
 
 /// What the hub knows about one member copy of a template.
 #[derive(Clone, Debug, Default)]
@@ -426,11 +427,31 @@ pub fn mydatabase_status(
     desired: i32,
     generation: Option<i64>,
     deleting: bool,
+    primary_cluster: Option<&str>,
 ) -> MyDatabaseStatus {
+    let primary_status = primary_cluster
+        .and_then(|primary| observations.iter().find(|o| o.cluster == primary))
+        .and_then(|o| o.status.as_ref());
+    let role = |cluster: &str| {
+        primary_cluster.map(|primary| {
+            if primary == cluster {
+                ClusterRole::Primary
+            } else {
+                ClusterRole::Replica
+            }
+        })
+    };
     let clusters: Vec<DatabaseClusterStatus> = {
         let mut rows: Vec<DatabaseClusterStatus> = observations
             .iter()
             .map(|o| DatabaseClusterStatus {
+                role: role(&o.cluster),
+                lag_bytes: match (role(&o.cluster), primary_status, o.status.as_ref()) {
+                    (Some(ClusterRole::Replica), Some(primary), Some(replica)) => {
+                        lag_bytes(primary, replica)
+                    }
+                    _ => None,
+                },
                 name: o.cluster.clone(),
                 replicas: o.assigned_replicas,
                 ready_replicas: ready(o),
@@ -473,18 +494,35 @@ pub fn mydatabase_status(
         ready_total,
         generation,
     );
-    let read_only: Vec<&str> = clusters
+    // With replica clusters only the primary cluster takes writes: the replicas are
+    // read-only by design, not a loss of writes.
+    let writable: Vec<&DatabaseClusterStatus> = clusters
+        .iter()
+        .filter(|c| c.role != Some(ClusterRole::Replica))
+        .collect();
+    let read_only: Vec<&str> = writable
         .iter()
         .filter(|c| c.read_only)
+        .map(|c| c.name.as_str())
+        .collect();
+    let replicas_named: Vec<&str> = clusters
+        .iter()
+        .filter(|c| c.role == Some(ClusterRole::Replica))
         .map(|c| c.name.as_str())
         .collect();
     let (read_only_status, read_only_reason, read_only_message) = if read_only.is_empty() {
         (
             false,
             "ReadWrite",
-            "every placement accepts writes".to_string(),
+            match primary_cluster {
+                Some(primary) if !replicas_named.is_empty() => format!(
+                    "writes go to the primary cluster {primary}; {} serve reads as replica clusters",
+                    replicas_named.join(", ")
+                ),
+                _ => "every placement accepts writes".to_string(),
+            },
         )
-    } else if clusters.iter().any(|c| c.fenced) {
+    } else if writable.iter().any(|c| c.fenced) {
         (
             true,
             "Fenced",
@@ -521,7 +559,7 @@ pub fn mydatabase_status(
             .any(|c| c.phase == Some(DatabasePhase::Degraded))
     {
         DatabasePhase::Degraded
-    } else if !read_only.is_empty() && read_only.len() == clusters.len() {
+    } else if !read_only.is_empty() && read_only.len() == writable.len() {
         DatabasePhase::ReadOnly
     } else if ready_total >= desired {
         DatabasePhase::Ready
@@ -531,6 +569,7 @@ pub fn mydatabase_status(
     MyDatabaseStatus {
         observed_generation: generation,
         phase: Some(phase),
+        primary_cluster: primary_cluster.map(str::to_string),
         replicas,
         ready_replicas: ready_total,
         updated_replicas,
@@ -660,7 +699,7 @@ mod tests {
                 true,
             ),
         ];
-        let status = mydatabase_status(None, &observations, 6, Some(1), false);
+        let status = mydatabase_status(None, &observations, 6, Some(1), false, None);
         assert_eq!(status.phase, Some(DatabasePhase::Ready));
         assert_eq!((status.replicas, status.ready_replicas), (6, 6));
         assert_eq!(status.clusters.len(), 2);
@@ -671,7 +710,7 @@ mod tests {
         let mut upgrading = observations.clone();
         upgrading[0].status.as_mut().unwrap()["updatedReplicas"] = json!(3);
         upgrading[1].status.as_mut().unwrap()["updatedReplicas"] = json!(2);
-        let status = mydatabase_status(None, &upgrading, 6, Some(1), false);
+        let status = mydatabase_status(None, &upgrading, 6, Some(1), false, None);
         assert_eq!(status.updated_replicas, Some(5));
         assert_eq!(
             find_condition(&status.conditions, "Degraded")
@@ -683,6 +722,73 @@ mod tests {
             find_condition(&status.conditions, "Ready").unwrap().status,
             "True"
         );
+    }
+
+    /// Replica clusters: each row says its role and how far behind it is; the replicas'
+    /// read-only state is by design, so the database is ReadWrite while the primary
+    /// cluster takes writes, and ReadOnly when it does not.
+    #[test]
+    fn replica_clusters_show_roles_and_lag_and_only_the_primary_decides_read_only() {
+        let replica_status = |lsn: &str| {
+            json!({"replicas": 1, "readyReplicas": 1, "phase": "ReadOnly", "primary": "orders-0",
+                   "conditions": [{"type": "ReadOnly", "status": "True", "reason": "ReplicaCluster",
+                                   "message": "", "lastTransitionTime": "2027-01-01T00:00:00Z"}],
+                   "instances": [{"name": "orders-0", "lsn": lsn}]})
+        };
+        let observations = [
+            copy(
+                "east",
+                1,
+                json!({"replicas": 1, "readyReplicas": 1, "phase": "Ready", "primary": "orders-0",
+                       "instances": [{"name": "orders-0", "lsn": "0/3000100"}]}),
+                true,
+            ),
+            copy("west", 1, replica_status("0/3000000"), true),
+            copy("north", 1, replica_status("0/3000100"), true),
+        ];
+        let status = mydatabase_status(None, &observations, 3, Some(1), false, Some("east"));
+        assert_eq!(status.primary_cluster.as_deref(), Some("east"));
+        let rows: Vec<(&str, Option<ClusterRole>, Option<u64>)> = status
+            .clusters
+            .iter()
+            .map(|c| (c.name.as_str(), c.role, c.lag_bytes))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("east", Some(ClusterRole::Primary), None),
+                ("north", Some(ClusterRole::Replica), Some(0)),
+                ("west", Some(ClusterRole::Replica), Some(0x100)),
+            ]
+        );
+        let read_only = find_condition(&status.conditions, "ReadOnly").unwrap();
+        assert_eq!(read_only.status, "False");
+        assert!(
+            read_only.message.contains("primary cluster east")
+                && read_only.message.contains("north, west"),
+            "{}",
+            read_only.message
+        );
+        assert_eq!(status.phase, Some(DatabasePhase::Ready));
+
+        let mut fenced = observations.clone();
+        fenced[0].status.as_mut().unwrap()["phase"] = json!("ReadOnly");
+        let status = mydatabase_status(None, &fenced, 3, Some(1), false, Some("east"));
+        let read_only = find_condition(&status.conditions, "ReadOnly").unwrap();
+        assert_eq!(
+            (read_only.status.as_str(), read_only.message.as_str()),
+            ("True", "read-only in east")
+        );
+        assert_eq!(status.phase, Some(DatabasePhase::ReadOnly));
+
+        let independent = mydatabase_status(None, &observations, 3, Some(1), false, None);
+        assert!(
+            independent
+                .clusters
+                .iter()
+                .all(|c| c.role.is_none() && c.lag_bytes.is_none())
+        );
+        assert_eq!(independent.primary_cluster, None);
     }
 
     #[test]
@@ -704,7 +810,7 @@ mod tests {
                 true,
             ),
         ];
-        let status = mydatabase_status(None, &observations, 6, Some(1), false);
+        let status = mydatabase_status(None, &observations, 6, Some(1), false, None);
         assert_eq!(status.phase, Some(DatabasePhase::Degraded));
         assert_eq!(
             status.ready_replicas, 2,
@@ -734,11 +840,11 @@ mod tests {
     #[test]
     fn nothing_placed_is_pending_and_deleting_wins() {
         assert_eq!(
-            mydatabase_status(None, &[], 3, None, false).phase,
+            mydatabase_status(None, &[], 3, None, false, None).phase,
             Some(DatabasePhase::Pending)
         );
         assert_eq!(
-            mydatabase_status(None, &[], 3, None, true).phase,
+            mydatabase_status(None, &[], 3, None, true, None).phase,
             Some(DatabasePhase::Deleting)
         );
     }
@@ -751,8 +857,8 @@ mod tests {
             json!({"replicas": 2, "readyReplicas": 2, "phase": "Ready"}),
             true,
         )];
-        let first = mydatabase_status(None, &observations, 2, Some(1), false);
-        let second = mydatabase_status(Some(&first), &observations, 2, Some(1), false);
+        let first = mydatabase_status(None, &observations, 2, Some(1), false, None);
+        let second = mydatabase_status(Some(&first), &observations, 2, Some(1), false, None);
         assert_eq!(first, second, "no change, no write");
     }
 

@@ -388,6 +388,10 @@ pub(super) struct Context {
     pub resync: Mutex<HashMap<ObjectKey, Vec<String>>>,
     /// The revisions of templates with a rollout this leadership term listed or wrote.
     pub revisions: crate::hub::federation::revisions::RevisionStore,
+    /// Replica clusters whose Secrets the hub found (or made) equal to the primary
+    /// cluster's this leadership term: (template, replica cluster) to the primary
+    /// cluster they came from.
+    pub replica_credentials: Mutex<HashMap<(ObjectKey, String), String>>,
 }
 
 /// What placement knows of every member, sorted by name, with each staticWeightList it
@@ -849,6 +853,10 @@ impl Context {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(key);
+        self.replica_credentials
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(template, _), _| template != key);
         let prefix = status_prefix(key);
         self.converging
             .lock()

@@ -42,6 +42,8 @@ pub mod policy_status;
 pub mod propagation;
 pub mod queue;
 pub mod reconcile;
+pub mod replica_clusters;
+pub mod replica_credentials;
 pub mod revisions;
 pub mod rollout;
 pub mod rollout_step;
@@ -465,6 +467,7 @@ async fn run_kinds(
         follow: Mutex::default(),
         resync: Mutex::default(),
         revisions: Default::default(),
+        replica_credentials: Mutex::default(),
     });
 
     // Aborted when this function returns or is dropped (a leadership term that ends).

@@ -90,6 +90,22 @@ pub struct PlanInput<'a> {
     /// A rollout is on (the policy has `spec.rollout`): the revision each cluster's copy
     /// holds, and the template it is built from. None: every copy from `template`.
     pub rollout: Option<&'a BTreeMap<String, ClusterRevision>>,
+    /// A MyDatabase with replica clusters: which cluster holds the primary, and whether
+    /// each other placed cluster holds its Secrets. None: the copies are independent.
+    pub replica_clusters: Option<&'a ReplicaClusters>,
+}
+
+/// What the hub decided and did for a MyDatabase with replica clusters
+/// ([`replica_clusters`](crate::hub::federation::replica_clusters)).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReplicaClusters {
+    /// The cluster that holds the primary, or why none can be chosen (then nothing is
+    /// applied anywhere).
+    pub primary: Result<String, String>,
+    /// Each other placed cluster: its `<name>-instance` and `<name>-app` Secrets hold the
+    /// primary cluster's (Ok), or why not yet. A replica cluster's copy waits for them:
+    /// its agent would otherwise make passwords of its own.
+    pub credentials: BTreeMap<String, Result<(), String>>,
 }
 
 /// What a cluster's copy is built from during a rollout.
@@ -157,6 +173,8 @@ pub struct Plan {
     /// listed yet. A resync pass is not over while one is left (the copy there is
     /// applied again once it can be).
     pub deferred: Vec<String>,
+    /// A MyDatabase with replica clusters: the cluster that holds the primary.
+    pub primary_cluster: Option<String>,
 }
 
 /// A count from a member's copy, clamped to `0..=i32::MAX` (never truncated: a value
@@ -327,6 +345,19 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                         }
                     },
                 };
+                // Replica clusters: the primary cluster recorded on every copy, the
+                // others streaming from it; a replica waits for its source and Secrets.
+                let desired = match input.replica_clusters {
+                    None => desired,
+                    Some(setup) => match replica_copy(input, setup, member.cluster, desired) {
+                        Ok(desired) => desired,
+                        Err(note) => {
+                            plan.notes.insert(cluster.clone(), note);
+                            plan.deferred.push(cluster);
+                            continue;
+                        }
+                    },
+                };
                 let resync = input
                     .resync
                     .is_some_and(|done| !done.iter().any(|c| c == member.cluster));
@@ -352,6 +383,19 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                 // decision is written).
                 let placed = input.previous.iter().any(|t| t.name == member.cluster);
                 let holds = member.copy.is_some();
+                let primary_here = input
+                    .replica_clusters
+                    .is_some_and(|setup| setup.primary.as_deref() == Ok(member.cluster));
+                if primary_here && holds {
+                    // The replica clusters stream from it: removing it would leave no
+                    // writable copy anywhere.
+                    plan.notes.insert(
+                        cluster.clone(),
+                        "removed from the placement, but it holds the primary of the replica clusters: its copy stays until the primary moves to another cluster (a switchover)".into(),
+                    );
+                    plan.pending_cleanup.push(cluster);
+                    continue;
+                }
                 if member.reachable && member.synced && !(member.refused && recorded) {
                     if !holds {
                         continue;
@@ -399,7 +443,75 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
         plan.waiting_for = frozen_by;
         plan.held = held;
     }
+    plan.primary_cluster = input
+        .replica_clusters
+        .and_then(|setup| setup.primary.clone().ok());
     plan
+}
+
+/// A cluster's copy of a MyDatabase with replica clusters: the primary cluster recorded
+/// on it, and for a replica cluster where it streams from. `Err`: why it is not applied
+/// yet.
+fn replica_copy(
+    input: &PlanInput<'_>,
+    setup: &ReplicaClusters,
+    cluster: &str,
+    mut desired: Value,
+) -> Result<Value, String> {
+    use crate::hub::federation::replica_clusters::endpoint;
+    let primary = setup
+        .primary
+        .as_deref()
+        .map_err(|why| format!("not applied: {why}"))?;
+    let source = if cluster == primary {
+        None
+    } else {
+        let name = input.template["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default();
+        let source = input
+            .members
+            .iter()
+            .find(|m| m.cluster == primary)
+            .and_then(|m| m.copy)
+            .and_then(endpoint)
+            .ok_or_else(|| {
+                format!(
+                    "a replica cluster of {primary}: applied once {primary}'s copy publishes where its primary is reached (status.endpoint)"
+                )
+            })?;
+        match setup.credentials.get(cluster) {
+            Some(Ok(())) => {}
+            Some(Err(why)) => return Err(why.clone()),
+            None => {
+                return Err(format!(
+                    "a replica cluster of {primary}: applied once {primary}'s Secrets {name}-instance and {name}-app are copied here"
+                ));
+            }
+        }
+        Some(source)
+    };
+    if !desired["spec"]["topology"].is_object() {
+        desired["spec"]["topology"] = Value::Object(Default::default());
+    }
+    let topology = desired["spec"]["topology"]
+        .as_object_mut()
+        .expect("an object: set just above");
+    match source {
+        Some(source) => {
+            topology.insert(
+                "replicaOf".into(),
+                serde_json::to_value(source).unwrap_or_default(),
+            );
+        }
+        None => {
+            topology.remove("replicaOf");
+        }
+    }
+    desired["metadata"]["annotations"][crate::api::ANNOTATION_PRIMARY_CLUSTER] =
+        Value::String(primary.to_string());
+    crate::hub::federation::copies::restamp(&mut desired);
+    Ok(desired)
 }
 
 /// The binding row's message for an override that failed on `cluster`.
@@ -681,6 +793,7 @@ mod tests {
             overrides: None,
             resync: None,
             rollout: None,
+            replica_clusters: None,
         }
     }
 
@@ -1034,7 +1147,163 @@ mod tests {
             overrides: None,
             resync: None,
             rollout: None,
+            replica_clusters: None,
         }
+    }
+
+    fn replica_setup(primary: &str, ready: &[&str]) -> ReplicaClusters {
+        ReplicaClusters {
+            primary: Ok(primary.into()),
+            credentials: ready.iter().map(|c| (c.to_string(), Ok(()))).collect(),
+        }
+    }
+
+    fn with_endpoint(mut copy: DynamicObject, host: &str) -> DynamicObject {
+        copy.data["status"]["endpoint"] = json!({"host": host, "port": 5432});
+        copy
+    }
+
+    /// The primary cluster's copy goes out first; a replica cluster's waits for the
+    /// primary to publish its endpoint and for its Secrets, then streams from it, and
+    /// every copy records the primary cluster.
+    #[test]
+    fn replica_clusters_wait_for_the_primarys_endpoint_and_secrets_then_stream_from_it() {
+        let template = database(2);
+        let placed = targets(&[("east", 1), ("west", 1)]);
+        let setup = replica_setup("east", &["west"]);
+        let members = [member("east", None), member("west", None)];
+        let plan = super::plan(&PlanInput {
+            replica_clusters: Some(&setup),
+            ..stateful(&template, &placed, &[], &members)
+        });
+        assert_eq!(plan.applies.len(), 1, "only the primary cluster's copy");
+        let east = &plan.applies[0].object;
+        assert_eq!(plan.applies[0].cluster, "east");
+        assert_eq!(
+            east["metadata"]["annotations"][crate::api::ANNOTATION_PRIMARY_CLUSTER],
+            "east"
+        );
+        assert!(east["spec"]["topology"]["replicaOf"].is_null());
+        assert!(
+            plan.notes["west"].contains("publishes where its primary is reached"),
+            "{:?}",
+            plan.notes
+        );
+        assert_eq!(plan.deferred, ["west"]);
+        assert_eq!(plan.primary_cluster.as_deref(), Some("east"));
+
+        // East publishes its endpoint; west's Secrets are not copied yet.
+        let east_copy = with_endpoint(database_copy(1, 1, "e"), "10.0.1.7");
+        let members = [member("east", Some(&east_copy)), member("west", None)];
+        let waiting = replica_setup("east", &[]);
+        let plan_waiting = super::plan(&PlanInput {
+            replica_clusters: Some(&waiting),
+            ..stateful(&template, &placed, &[], &members)
+        });
+        assert!(plan_waiting.applies.iter().all(|a| a.cluster != "west"));
+        assert!(plan_waiting.notes["west"].contains("orders-instance and orders-app"));
+
+        let refused = ReplicaClusters {
+            primary: Ok("east".into()),
+            credentials: [(
+                "west".to_string(),
+                Err("west already holds the Secret".to_string()),
+            )]
+            .into(),
+        };
+        let plan_refused = super::plan(&PlanInput {
+            replica_clusters: Some(&refused),
+            ..stateful(&template, &placed, &[], &members)
+        });
+        assert!(plan_refused.applies.iter().all(|a| a.cluster != "west"));
+        assert_eq!(plan_refused.notes["west"], "west already holds the Secret");
+
+        let plan = super::plan(&PlanInput {
+            replica_clusters: Some(&setup),
+            ..stateful(&template, &placed, &[], &members)
+        });
+        let west = plan.applies.iter().find(|a| a.cluster == "west").unwrap();
+        assert_eq!(
+            west.object["spec"]["topology"]["replicaOf"],
+            json!({"host": "10.0.1.7", "port": 5432})
+        );
+        assert_eq!(
+            west.object["metadata"]["annotations"][crate::api::ANNOTATION_PRIMARY_CLUSTER],
+            "east"
+        );
+        assert_eq!(west.object["spec"]["replicas"], 1);
+        // The hash covers what was added: a changed endpoint is applied again.
+        let mut moved = west.object.clone();
+        moved["spec"]["topology"]["replicaOf"]["host"] = json!("10.0.1.8");
+        crate::hub::federation::copies::restamp(&mut moved);
+        assert_ne!(
+            moved["metadata"]["annotations"][crate::api::ANNOTATION_APPLIED_HASH],
+            west.object["metadata"]["annotations"][crate::api::ANNOTATION_APPLIED_HASH]
+        );
+    }
+
+    /// No primary cluster can be chosen (a primaryCluster outside the placement): nothing
+    /// is applied anywhere, and every cluster says why.
+    #[test]
+    fn without_a_primary_cluster_nothing_is_applied() {
+        let template = database(2);
+        let placed = targets(&[("east", 1), ("west", 1)]);
+        let setup = ReplicaClusters {
+            primary: Err("spec.topology.primaryCluster names south".into()),
+            credentials: BTreeMap::new(),
+        };
+        let members = [member("east", None), member("west", None)];
+        let plan = super::plan(&PlanInput {
+            replica_clusters: Some(&setup),
+            ..stateful(&template, &placed, &[], &members)
+        });
+        assert!(plan.applies.is_empty());
+        assert!(
+            plan.notes["east"].contains("names south")
+                && plan.notes["west"].contains("names south")
+        );
+        assert_eq!(plan.primary_cluster, None);
+    }
+
+    /// A placement change that drops the primary cluster keeps its copy (the replicas
+    /// stream from it); a dropped replica cluster goes as any copy does.
+    #[test]
+    fn the_primary_clusters_copy_stays_when_the_placement_drops_it() {
+        let template = database(2);
+        let previous = targets(&[("east", 1), ("west", 1), ("north", 1)]);
+        let east = with_endpoint(database_copy(1, 1, "e"), "10.0.1.7");
+        let west = database_copy(1, 1, "w");
+        let north = database_copy(1, 1, "n");
+        let members = [
+            member("east", Some(&east)),
+            member("west", Some(&west)),
+            member("north", Some(&north)),
+        ];
+        let setup = replica_setup("east", &["west", "north"]);
+        let new = targets(&[("west", 1), ("north", 1)]);
+        let plan = super::plan(&PlanInput {
+            replica_clusters: Some(&setup),
+            ..stateful(&template, &new, &previous, &members)
+        });
+        assert!(plan.deletes.is_empty(), "{:?}", plan.deletes);
+        assert!(
+            plan.notes["east"].contains("holds the primary"),
+            "{:?}",
+            plan.notes
+        );
+        assert!(plan.pending_cleanup.contains(&"east".to_string()));
+        let new = targets(&[("east", 1), ("west", 1)]);
+        let plan = super::plan(&PlanInput {
+            replica_clusters: Some(&setup),
+            ..stateful(&template, &new, &previous, &members)
+        });
+        assert_eq!(
+            plan.deletes
+                .iter()
+                .map(|d| d.cluster.as_str())
+                .collect::<Vec<_>>(),
+            ["north"]
+        );
     }
 
     #[test]
@@ -1640,6 +1909,7 @@ mod tests {
             overrides: None,
             resync: None,
             rollout: None,
+            replica_clusters: None,
         });
         assert_eq!(plan.applies.len(), 2);
         assert_eq!(plan.applies[0].object["data"]["k"], "v");

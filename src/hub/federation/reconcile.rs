@@ -140,6 +140,7 @@ fn plan(
     views: &[ClusterView],
     overrides: Option<&TemplateOverrides<'_>>,
     rollout: Option<&BTreeMap<String, propagation::ClusterRevision>>,
+    replica_clusters: Option<&propagation::ReplicaClusters>,
 ) -> Planned {
     let mut members: Vec<Member> = views
         .iter()
@@ -225,6 +226,7 @@ fn plan(
         overrides,
         resync: resync.as_deref(),
         rollout,
+        replica_clusters,
     });
     drop(copies);
     // The pass is over for this template once every placed copy was built: one in a
@@ -376,6 +378,7 @@ async fn delete_template(
         views,
         None,
         None,
+        None,
     );
     hand_off(context, key, &mut planned, ConflictResolution::Abort);
     if let Some(binding) = binding.as_deref()
@@ -405,6 +408,7 @@ async fn delete_template(
             &built.observations,
             true,
             true,
+            None,
         )
         .await;
     }
@@ -455,7 +459,7 @@ async fn cleanup_after_template(
     let targets = binding.spec.clusters.clone();
     let pending = pending_cleanups(Some(binding));
     let mut planned = plan(
-        context, key, resource, None, &targets, &targets, &pending, true, views, None, None,
+        context, key, resource, None, &targets, &targets, &pending, true, views, None, None, None,
     );
     hand_off(context, key, &mut planned, ConflictResolution::Abort);
     if cleanup_done(&planned) {
@@ -634,6 +638,14 @@ async fn place_template(
 
     let previous: Vec<TargetCluster> = old_targets.to_vec();
     let pending = pending_cleanups(existing);
+    let replica_clusters = if context.interpretation(key).quirks.database_status {
+        crate::hub::federation::replica_credentials::setup(
+            context, key, resource, template, &desired, views,
+        )
+        .await
+    } else {
+        None
+    };
     let override_policies = context.override_policies();
     let overrides = overrides::for_template(
         template,
@@ -658,7 +670,13 @@ async fn place_template(
         views,
         Some(&overrides),
         rollout.as_ref().map(|r| &r.clusters),
+        replica_clusters.as_ref(),
     );
+    if replica_clusters.is_some() && !planned.plan.deferred.is_empty() {
+        // A replica cluster waiting for its source's endpoint or Secrets: looked at again
+        // soon (the primary's status is not always what wakes the template).
+        again = sooner(again, Some(Duration::from_secs(2)));
+    }
     let targets = desired.spec.clusters.clone();
     let decision_changed = existing.is_none_or(|b| {
         b.spec != desired.spec
@@ -762,6 +780,7 @@ async fn place_template(
             &built.observations,
             built.converged,
             false,
+            planned.plan.primary_cluster.as_deref(),
         )
         .await,
     );

@@ -275,6 +275,7 @@ impl World {
             overrides: None,
             resync: None,
             rollout: None,
+            replica_clusters: None,
         })
     }
 

@@ -202,6 +202,7 @@ pub(super) async fn write_template_status(
     observations: &[CopyObservation],
     converged: bool,
     deleting: bool,
+    primary_cluster: Option<&str>,
 ) -> Option<Duration> {
     let generation = template.metadata.generation;
     let desired: i32 = targets.iter().map(|t| t.replicas).sum();
@@ -211,12 +212,15 @@ pub(super) async fn write_template_status(
     let status = match () {
         _ if interpretation.quirks.database_status => {
             let previous: Option<MyDatabaseStatus> = serde_json::from_value(previous.clone()).ok();
+            // The record of the primary cluster is kept once written.
+            let recorded = previous.as_ref().and_then(|p| p.primary_cluster.clone());
             let status = mydatabase_status(
                 previous.as_ref(),
                 observations,
                 desired,
                 generation,
                 deleting,
+                recorded.as_deref().or(primary_cluster),
             );
             serde_json::to_value(status).unwrap_or_default()
         }

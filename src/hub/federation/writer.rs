@@ -1146,14 +1146,11 @@ fn apply_hint(cluster: &str, resource: &ApiResource, kind: ApiErrorKind) -> Stri
 
 /// Creates the namespace in the member (create, not apply: the hub may create
 /// namespaces but never changes one it did not make).
-async fn ensure_namespace(inner: &Inner, cluster: &str, namespace: &str) -> bool {
-    let Some(client) = inner
-        .registry
-        .get(cluster)
-        .and_then(|h| h.client().cloned())
-    else {
-        return false;
-    };
+/// Creates a namespace for the hub's objects in a member; one that exists is fine.
+pub(crate) async fn create_namespace(
+    client: kube::Client,
+    namespace: &str,
+) -> Result<(), kube::Error> {
     let api: Api<Namespace> = Api::all(client);
     let object = Namespace {
         metadata: kube::api::ObjectMeta {
@@ -1166,16 +1163,26 @@ async fn ensure_namespace(inner: &Inner, cluster: &str, namespace: &str) -> bool
         },
         ..Default::default()
     };
-    let sent = Instant::now();
-    let result = api.create(&PostParams::default(), &object).await;
-    let ok = match &result {
-        Ok(_) => true,
-        Err(error) => classify(error) == ApiErrorKind::Conflict,
+    match api.create(&PostParams::default(), &object).await {
+        Ok(_) => Ok(()),
+        Err(error) if classify(&error) == ApiErrorKind::Conflict => Ok(()),
+        Err(error) => Err(error),
+    }
+}
+
+async fn ensure_namespace(inner: &Inner, cluster: &str, namespace: &str) -> bool {
+    let Some(client) = inner
+        .registry
+        .get(cluster)
+        .and_then(|h| h.client().cloned())
+    else {
+        return false;
     };
+    let sent = Instant::now();
+    let result = create_namespace(client, namespace).await;
+    let ok = result.is_ok();
     (inner.count_call)(cluster, "create_namespace", ok, sent.elapsed());
-    if let Err(error) = &result
-        && !ok
-    {
+    if let Err(error) = &result {
         tracing::warn!(cluster, namespace, error = %short(error), "cannot create the namespace");
     }
     ok

@@ -1,0 +1,271 @@
+//! The hub's side of a MyDatabase with replica clusters that talks to members: which
+//! cluster holds the primary ([`replica_clusters`](super::replica_clusters)), and the
+//! primary cluster's `<name>-instance` and `<name>-app` Secrets copied to every replica
+//! cluster before its copy. A replica cluster's data is a copy of the primary cluster's,
+//! so its instances need the same passwords; its agent would otherwise make its own.
+//!
+//! A replica cluster that already holds those Secrets with other values (a database of
+//! its own ran there) is never overwritten: its copy is not applied, and the binding says
+//! which Secrets to remove to make it a replica cluster.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{ApiResource, DynamicObject, ObjectMeta, PostParams};
+use kube::{Api, Client};
+
+use crate::api::resource_binding::TargetCluster;
+use crate::error::{ApiErrorKind, classify};
+use crate::hub::federation::context::{Context, full_template};
+use crate::hub::federation::placement::ClusterView;
+use crate::hub::federation::propagation::ReplicaClusters;
+use crate::hub::federation::replica_clusters::{enabled, primary_cluster};
+use crate::hub::federation::scheduler::DesiredBinding;
+use crate::hub::federation::writer::{ObjectKey, create_namespace, short};
+
+/// Annotation on a Secret the hub copied to a replica cluster: the cluster it came from.
+pub const ANNOTATION_COPIED_FROM: &str = "federation.example.com/copied-from";
+
+/// The replica-cluster setup of a hub MyDatabase, with the Secrets copied where they are
+/// missing; None for a database whose copies are independent, or placed nowhere yet.
+pub(super) async fn setup(
+    context: &Context,
+    key: &ObjectKey,
+    resource: &ApiResource,
+    template: &DynamicObject,
+    desired: &DesiredBinding,
+    views: &[ClusterView],
+) -> Option<ReplicaClusters> {
+    let value = full_template(template, context.bodies.get(key).as_deref());
+    if !enabled(&value) {
+        return None;
+    }
+    let copies: Vec<_> = views
+        .iter()
+        .filter_map(|view| {
+            context
+                .caches
+                .member(&view.name)?
+                .get(resource, &key.namespace, &key.name)
+        })
+        .collect();
+    let order = policy_order(context, desired);
+    let targets = &desired.spec.clusters;
+    let primary = match primary_cluster(&value, targets, copies.iter().map(|c| &**c), &order) {
+        Ok(None) => return None,
+        Ok(Some(primary)) => primary,
+        Err(why) => {
+            return Some(ReplicaClusters {
+                primary: Err(why),
+                credentials: BTreeMap::new(),
+            });
+        }
+    };
+    let credentials = copy_credentials(context, key, &primary, targets, views).await;
+    Some(ReplicaClusters {
+        primary: Ok(primary),
+        credentials,
+    })
+}
+
+/// The policy's `clusterAffinity.clusterNames`, the order the primary cluster is chosen in.
+fn policy_order(context: &Context, desired: &DesiredBinding) -> Vec<String> {
+    let Some(reference) = desired.spec.policy.as_ref() else {
+        return vec![];
+    };
+    let (policies, cluster_policies) = context.policies();
+    let placement = if reference.kind == "ClusterPropagationPolicy" {
+        cluster_policies
+            .iter()
+            .find(|p| p.metadata.name.as_deref() == Some(reference.name.as_str()))
+            .map(|p| p.spec.placement.clone())
+    } else {
+        policies
+            .iter()
+            .find(|p| {
+                p.metadata.name.as_deref() == Some(reference.name.as_str())
+                    && p.metadata.namespace == reference.namespace
+            })
+            .map(|p| p.spec.placement.clone())
+    };
+    placement
+        .and_then(|p| p.cluster_affinity)
+        .map(|a| a.cluster_names)
+        .unwrap_or_default()
+}
+
+/// For every replica cluster: its Secrets hold the primary cluster's (Ok), or why not.
+async fn copy_credentials(
+    context: &Context,
+    key: &ObjectKey,
+    primary: &str,
+    targets: &[TargetCluster],
+    views: &[ClusterView],
+) -> BTreeMap<String, Result<(), String>> {
+    let mut answers = BTreeMap::new();
+    let mut source: Option<Result<Vec<Secret>, String>> = None;
+    for target in targets.iter().filter(|t| t.name != primary) {
+        let cluster = target.name.as_str();
+        let memo = (key.clone(), cluster.to_string());
+        let done = context
+            .replica_credentials
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&memo)
+            .is_some_and(|from| from == primary);
+        if done {
+            answers.insert(cluster.to_string(), Ok(()));
+            continue;
+        }
+        if !views.iter().any(|v| v.name == cluster && v.ready) {
+            answers.insert(
+                cluster.to_string(),
+                Err(format!(
+                    "a replica cluster of {primary}: {cluster} is unreachable; {primary}'s Secrets are copied here when it returns"
+                )),
+            );
+            continue;
+        }
+        if source.is_none() {
+            source = Some(read_source(context, key, primary).await);
+        }
+        let answer = match source.as_ref().expect("read just above") {
+            Err(why) => Err(why.clone()),
+            Ok(secrets) => match member_client(context, cluster) {
+                None => Err(format!("{cluster} has no client yet")),
+                Some(client) => copy_to(client, key, primary, cluster, secrets).await,
+            },
+        };
+        if answer.is_ok() {
+            context
+                .replica_credentials
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(memo, primary.to_string());
+        }
+        answers.insert(cluster.to_string(), answer);
+    }
+    answers
+}
+
+fn member_client(context: &Context, cluster: &str) -> Option<Client> {
+    context.state.registry.get(cluster)?.client().cloned()
+}
+
+fn secret_names(database: &str) -> [String; 2] {
+    [
+        crate::agent::builders::instance_secret_name(database),
+        crate::agent::builders::app_secret_name(database),
+    ]
+}
+
+/// The primary cluster's two Secrets, as its agent made them.
+async fn read_source(
+    context: &Context,
+    key: &ObjectKey,
+    primary: &str,
+) -> Result<Vec<Secret>, String> {
+    let client = member_client(context, primary)
+        .ok_or_else(|| format!("the primary cluster {primary} has no client yet"))?;
+    let api: Api<Secret> = Api::namespaced(client, &key.namespace);
+    let mut secrets = vec![];
+    for name in secret_names(&key.name) {
+        match api.get_opt(&name).await {
+            Ok(Some(secret)) if secret.data.as_ref().is_some_and(|d| !d.is_empty()) => {
+                secrets.push(secret)
+            }
+            Ok(_) => {
+                return Err(format!(
+                    "a replica cluster of {primary}: waiting for {primary}'s agent to make the Secret {}/{name}",
+                    key.namespace
+                ));
+            }
+            Err(error) => {
+                return Err(format!(
+                    "a replica cluster of {primary}: cannot read the Secret {}/{name} in {primary}: {}",
+                    key.namespace,
+                    short(&error)
+                ));
+            }
+        }
+    }
+    Ok(secrets)
+}
+
+/// Creates the primary cluster's Secrets in `cluster` where they are missing; one that
+/// holds other values is left as it is, and the answer says how to resolve it.
+async fn copy_to(
+    client: Client,
+    key: &ObjectKey,
+    primary: &str,
+    cluster: &str,
+    secrets: &[Secret],
+) -> Result<(), String> {
+    let api: Api<Secret> = Api::namespaced(client.clone(), &key.namespace);
+    for source in secrets {
+        let name = source.metadata.name.clone().unwrap_or_default();
+        let existing = match api.get_opt(&name).await {
+            Ok(existing) => existing,
+            Err(error) if classify(&error) == ApiErrorKind::NotFound => None,
+            Err(error) => {
+                return Err(format!(
+                    "a replica cluster of {primary}: cannot read the Secret {}/{name} in {cluster}: {}",
+                    key.namespace,
+                    short(&error)
+                ));
+            }
+        };
+        match existing {
+            Some(existing) if existing.data == source.data => continue,
+            Some(_) => {
+                return Err(format!(
+                    "{cluster} already holds the Secret {ns}/{name} with other passwords (a database of its own ran there), so it cannot become a replica cluster of {primary}: its copy is left as it is. To make it one, save what its database holds if it matters, then delete the Secrets {ns}/{db}-instance and {ns}/{db}-app and the MyDatabase {ns}/{db} in {cluster}; the hub then copies {primary}'s and creates the copy anew",
+                    ns = key.namespace,
+                    db = key.name,
+                ));
+            }
+            None => {}
+        }
+        let copy = Secret {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: Some(key.namespace.clone()),
+                labels: source.metadata.labels.clone(),
+                annotations: Some(BTreeMap::from([(
+                    ANNOTATION_COPIED_FROM.to_string(),
+                    primary.to_string(),
+                )])),
+                ..Default::default()
+            },
+            type_: source.type_.clone(),
+            data: source.data.clone(),
+            ..Default::default()
+        };
+        let mut created = api.create(&PostParams::default(), &copy).await;
+        if matches!(&created, Err(error) if classify(error) == ApiErrorKind::NotFound) {
+            // The namespace is not there yet: the copy would have made it.
+            if let Err(error) = create_namespace(client.clone(), &key.namespace).await {
+                return Err(format!(
+                    "a replica cluster of {primary}: cannot create the namespace {} in {cluster}: {}",
+                    key.namespace,
+                    short(&error)
+                ));
+            }
+            created = api.create(&PostParams::default(), &copy).await;
+        }
+        match created {
+            Ok(_) => {
+                tracing::info!(cluster, namespace = %key.namespace, secret = %name, from = primary, "copied the primary cluster's Secret to a replica cluster");
+            }
+            // Made in the meantime (its agent, or another hub): compared next time.
+            Err(error) => {
+                return Err(format!(
+                    "a replica cluster of {primary}: cannot create the Secret {}/{name} in {cluster}: {}",
+                    key.namespace,
+                    short(&error)
+                ));
+            }
+        }
+    }
+    Ok(())
+}
