@@ -73,7 +73,7 @@ impl ReadOnlyReason {
         match self {
             ReadOnlyReason::Requested => "Requested",
             ReadOnlyReason::HubUnreachable => "HubUnreachable",
-            ReadOnlyReason::ReplicaCluster => "ReplicaCluster",
+            ReadOnlyReason::ReplicaCluster => crate::api::mydatabase::REASON_REPLICA_CLUSTER,
         }
     }
 

@@ -855,7 +855,7 @@ pub fn view(
     let primary_available = match (read_only, primary_index) {
         (Some(ReadOnlyReason::ReplicaCluster), _) => ConditionParts {
             status: false,
-            reason: "ReplicaCluster".into(),
+            reason: crate::api::mydatabase::REASON_REPLICA_CLUSTER.into(),
             message: format!(
                 "a replica cluster: no primary here, {}",
                 primary.map_or_else(

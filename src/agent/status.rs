@@ -161,7 +161,7 @@ pub fn compute_status(observed: &Observed) -> MyDatabaseStatus {
         Some(ReadOnlyReason::Requested) => (true, "Requested", "spec.readOnly is true".to_string()),
         Some(ReadOnlyReason::ReplicaCluster) => (
             true,
-            "ReplicaCluster",
+            crate::api::mydatabase::REASON_REPLICA_CLUSTER,
             super::builders::replica_source(database).map_or_else(String::new, |source| {
                 format!(
                     "a replica cluster: it streams from {}:{} and serves reads; writes go to the source's cluster",

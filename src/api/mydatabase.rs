@@ -161,6 +161,9 @@ pub enum ClusterRole {
     Replica,
 }
 
+/// The reason of a replica cluster's `ReadOnly` and `PrimaryAvailable` conditions.
+pub const REASON_REPLICA_CLUSTER: &str = "ReplicaCluster";
+
 /// Where a replica cluster streams from: the source cluster's primary, at an address
 /// this cluster reaches.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]

@@ -106,6 +106,22 @@ fn copy_read_only(observation: &CopyObservation) -> bool {
         || copy_phase(observation) == Some(DatabasePhase::ReadOnly)
 }
 
+/// The copy's agent runs it as a replica cluster (condition `ReadOnly`, reason
+/// `ReplicaCluster`).
+fn replica_cluster(observation: &CopyObservation) -> bool {
+    observation
+        .status
+        .as_ref()
+        .and_then(|s| s["conditions"].as_array())
+        .is_some_and(|conditions| {
+            conditions.iter().any(|c| {
+                c["type"] == "ReadOnly"
+                    && c["status"] == "True"
+                    && c["reason"] == crate::api::mydatabase::REASON_REPLICA_CLUSTER
+            })
+        })
+}
+
 /// One placement's health for the binding.
 pub fn placement_health(observation: &CopyObservation) -> PlacementHealth {
     if !observation.reachable || !observation.present {
@@ -432,21 +448,19 @@ pub fn mydatabase_status(
     let primary_status = primary_cluster
         .and_then(|primary| observations.iter().find(|o| o.cluster == primary))
         .and_then(|o| o.status.as_ref());
-    let role = |cluster: &str| {
-        primary_cluster.map(|primary| {
-            if primary == cluster {
-                ClusterRole::Primary
-            } else {
-                ClusterRole::Replica
-            }
-        })
+    // A replica cluster is one whose agent says so: a copy the hub could not make one (a
+    // cluster holding a database of its own) is not, whatever the hub wants.
+    let role = |o: &CopyObservation| match primary_cluster {
+        Some(primary) if primary == o.cluster => Some(ClusterRole::Primary),
+        Some(_) if replica_cluster(o) => Some(ClusterRole::Replica),
+        _ => None,
     };
     let clusters: Vec<DatabaseClusterStatus> = {
         let mut rows: Vec<DatabaseClusterStatus> = observations
             .iter()
             .map(|o| DatabaseClusterStatus {
-                role: role(&o.cluster),
-                lag_bytes: match (role(&o.cluster), primary_status, o.status.as_ref()) {
+                role: role(o),
+                lag_bytes: match (role(o), primary_status, o.status.as_ref()) {
                     (Some(ClusterRole::Replica), Some(primary), Some(replica)) => {
                         lag_bytes(primary, replica)
                     }
@@ -780,6 +794,16 @@ mod tests {
             ("True", "read-only in east")
         );
         assert_eq!(status.phase, Some(DatabasePhase::ReadOnly));
+
+        // A copy the hub could not make a replica cluster (it holds a database of its
+        // own) is no replica, and takes writes.
+        let mut refused = observations.clone();
+        refused[1].status = Some(json!({"replicas": 1, "readyReplicas": 1, "phase": "Ready"}));
+        let status = mydatabase_status(None, &refused, 3, Some(1), false, Some("east"));
+        let west = status.clusters.iter().find(|c| c.name == "west").unwrap();
+        assert_eq!((west.role, west.lag_bytes), (None, None));
+        let read_only = find_condition(&status.conditions, "ReadOnly").unwrap();
+        assert!(!read_only.message.contains("west"), "{}", read_only.message);
 
         let independent = mydatabase_status(None, &observations, 3, Some(1), false, None);
         assert!(

@@ -675,7 +675,7 @@ async fn place_template(
     if replica_clusters.is_some() && !planned.plan.deferred.is_empty() {
         // A replica cluster waiting for its source's endpoint or Secrets: looked at again
         // soon (the primary's status is not always what wakes the template).
-        again = sooner(again, Some(Duration::from_secs(2)));
+        again = sooner(again, Some(Duration::from_secs(5)));
     }
     let targets = desired.spec.clusters.clone();
     let decision_changed = existing.is_none_or(|b| {
