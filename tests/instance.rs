@@ -736,3 +736,103 @@ async fn an_old_primary_whose_upstream_does_not_answer_keeps_its_data() {
     drop(a);
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// Sends `signal` to every process running on `instance`'s data directory (its
+/// postmaster and the postmaster's children).
+fn signal_postgres(instance: &InstanceProcess, signal: i32) {
+    let marker = instance.dir.join("data").display().to_string();
+    let postmasters: Vec<i32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&marker))
+        })
+        .collect();
+    assert!(!postmasters.is_empty(), "no postgres runs on {marker}");
+    for pid in std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+    {
+        let parent = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit(')')
+                    .next()?
+                    .split_whitespace()
+                    .nth(1)?
+                    .parse::<i32>()
+                    .ok()
+            });
+        if postmasters.contains(&pid) || parent.is_some_and(|p| postmasters.contains(&p)) {
+            unsafe {
+                libc::kill(pid, signal);
+            }
+        }
+    }
+}
+
+/// A primary demoted while a replica cluster streaming from it is cut off (its server
+/// frozen: it holds the connection and answers nothing) ends that WAL sender first, so
+/// the demotion does not wait for `wal_sender_timeout` (a fast shutdown waits until every
+/// sender has sent everything). Thawed, the replica cluster gets the rest from the
+/// demoted server, a hot standby: it reaches the demoted primary's last position.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demotion_does_not_wait_for_a_cut_off_replica_cluster() {
+    let root = test_root("bulkhead-demote-external");
+    let source = primary_with_two_rows(&root, "source").await;
+    let replica = start(&root, "replica", "60s");
+    let mut replica_word = standby(1, Some(&source));
+    replica_word.name = "orders-0".into();
+    replica_word.upstream.as_mut().unwrap().external = true;
+    wait_role(&replica, Role::Standby, Some(&replica_word)).await;
+    let writer = client(&source).await;
+    writer
+        .batch_execute("INSERT INTO orders VALUES (3)")
+        .await
+        .unwrap();
+    let reader = client(&replica).await;
+    let started = Instant::now();
+    while count(&reader).await != 3 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "never streamed"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(reader);
+
+    signal_postgres(&replica, libc::SIGSTOP);
+    let demoted = standby(1, None);
+    let asked = Instant::now();
+    wait_role(&source, Role::Standby, Some(&demoted)).await;
+    let took = asked.elapsed();
+    eprintln!("demoted {took:?} after it was asked, its replica cluster frozen");
+    let last = status(&source).await.and_then(|s| s.lsn).unwrap();
+    signal_postgres(&replica, libc::SIGCONT);
+    assert!(
+        took < Duration::from_secs(20),
+        "the demotion waited for the frozen replica cluster ({took:?}; the manager stops waiting at 30 s); source log:\n{}",
+        std::fs::read_to_string(source.dir.join("instance.log")).unwrap_or_default()
+    );
+    let started = Instant::now();
+    loop {
+        tell(&replica, &replica_word).await;
+        let received = status(&replica)
+            .await
+            .and_then(|s| s.lsn)
+            .and_then(|l| bulkhead::api::instance::parse_lsn(&l));
+        if received >= bulkhead::api::instance::parse_lsn(&last) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the replica cluster never reached the demoted primary's {last} (at {received:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    drop(writer);
+    drop(replica);
+    drop(source);
+    let _ = std::fs::remove_dir_all(&root);
+}

@@ -455,6 +455,28 @@ impl Instance {
                     s.ready = false;
                     s.message = format!("demoting: {why}");
                 });
+                match tokio::time::timeout(
+                    Duration::from_secs(2),
+                    Server::end_external_senders(&client),
+                )
+                .await
+                {
+                    Ok(Ok(0)) => {}
+                    Ok(Ok(ended)) => {
+                        tracing::info!(
+                            ended,
+                            "ended the replica clusters' WAL senders before the shutdown"
+                        );
+                    }
+                    Ok(Err(error)) => {
+                        tracing::warn!(error = %format!("{error:#}"), "cannot end the replica clusters' WAL senders; the shutdown may wait for them");
+                    }
+                    Err(_) => {
+                        tracing::warn!(
+                            "ending the replica clusters' WAL senders took over 2 s; the shutdown may wait for them"
+                        );
+                    }
+                }
                 drop(client);
                 if let Some(mut stopped) = child.take() {
                     Server::stop(&mut stopped, Duration::from_secs(30)).await?;

@@ -528,6 +528,22 @@ impl Server {
         })
     }
 
+    /// Ends the WAL senders of replica clusters in other clusters (application name
+    /// [`EXTERNAL_APPLICATION_NAME`]); how many. A fast shutdown waits until every WAL
+    /// sender has sent the shutdown checkpoint, and one whose cluster is cut off would
+    /// hold the shutdown (and a demotion) until `wal_sender_timeout`; the replica cluster
+    /// gets the rest from the demoted server, a hot standby, when it connects again.
+    pub async fn end_external_senders(client: &tokio_postgres::Client) -> Result<i64> {
+        Ok(client
+            .query_one(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_replication
+                 WHERE application_name = $1",
+                &[&EXTERNAL_APPLICATION_NAME],
+            )
+            .await?
+            .get(0))
+    }
+
     /// `pg_promote()`: the standby becomes a primary without a restart.
     pub async fn promote(client: &tokio_postgres::Client) -> Result<()> {
         let row = client.query_one("SELECT pg_promote(true, 60)", &[]).await?;
