@@ -1087,3 +1087,304 @@ async fn a_replica_cluster_streams_from_another_clusters_primary_through_a_parti
     );
     Ok(())
 }
+
+/// The hub makes replica clusters: a template with `acrossClusters: ReplicaClusters`,
+/// placed 1 + 1 by a policy that lists west before east. West holds the primary (the
+/// policy's order, not the names'); the hub copies west's Secrets to east and applies
+/// east's copy streaming from the endpoint west's agent publishes. Writes acknowledged in
+/// west reach east; east's `-rw` has no endpoints and its server refuses writes; the hub's
+/// status names the primary cluster and each cluster's role and lag. West cut off (from
+/// the hub too): its agent fences and its server refuses writes, east serves reads
+/// throughout and nothing in it is promoted; after the heal west takes writes again and
+/// east has every acknowledged one.
+#[tokio::test]
+async fn the_hub_makes_the_other_clusters_replica_clusters_of_the_primary_cluster() -> Result<()> {
+    use bulkhead_e2e::federation::{Federation, LEASE_DURATION_SECONDS, databases, policies};
+    use k8s_openapi::api::core::v1::Secret;
+    use serde_json::json;
+
+    let federation = Federation::start_with_databases("pg-fedrep", &[]).await?;
+    let ns = federation.namespace.as_str();
+    federation
+        .apply(
+            &policies(),
+            federation.policy(
+                "orders",
+                json!([{"apiVersion": "example.com/v1", "kind": "MyDatabase", "name": "orders"}]),
+                json!({"clusterAffinity": {"clusterNames": ["west", "east"]},
+                       "replicaScheduling": {"type": "Divided", "divisionPreference": "Weighted"}}),
+                json!({}),
+            ),
+        )
+        .await?;
+    let created = Instant::now();
+    federation
+        .apply(
+            &databases(),
+            json!({"apiVersion": "example.com/v1", "kind": "MyDatabase", "metadata": {"name": "orders"},
+                   "spec": {"replicas": 2, "version": "16", "storage": {"size": "1Gi"},
+                            "topology": {"acrossClusters": "ReplicaClusters"}}}),
+        )
+        .await?;
+    let west = federation.members["west"].clone();
+    let east = federation.members["east"].clone();
+    let hub_log = || format!("hub log: {}", federation.hub_log().display());
+    let primary = wait_streaming(&west, ns, "orders")
+        .await
+        .with_context(hub_log)?;
+    let credentials = app_credentials(&west, ns, "orders").await?;
+    let writer = connect(primary, &credentials).await?;
+    write_rows(&writer, 0..20, true).await?;
+    wait_rows_everywhere(&east, ns, "orders-r", &credentials, 20, 1)
+        .await
+        .with_context(hub_log)?;
+    eprintln!(
+        "east's replica cluster streaming west's rows {:?} after the template was created",
+        created.elapsed()
+    );
+
+    // What the hub set up: the primary cluster recorded on both copies, east streaming
+    // from west's outside address, west's Secrets in east.
+    let source = outside(primary)?.to_string();
+    for cluster in ["west", "east"] {
+        let copy = federation.api(cluster, &databases()).get("orders").await?;
+        assert_eq!(
+            copy.metadata
+                .annotations
+                .unwrap_or_default()
+                .get(bulkhead::api::ANNOTATION_PRIMARY_CLUSTER)
+                .map(String::as_str),
+            Some("west"),
+            "{cluster}'s copy records the primary cluster"
+        );
+        let replica_of = &copy.data["spec"]["topology"]["replicaOf"];
+        if cluster == "east" {
+            assert_eq!(replica_of, &json!({"host": source, "port": 5432}));
+        } else {
+            assert!(
+                replica_of.is_null(),
+                "the primary cluster streams from nowhere"
+            );
+        }
+    }
+    for name in ["orders-instance", "orders-app"] {
+        let [from, to] = [&west, &east].map(|c| Api::<Secret>::namespaced(c.clone(), ns));
+        assert_eq!(
+            from.get(name).await?.data,
+            to.get(name).await?.data,
+            "{name}"
+        );
+    }
+    assert!(
+        endpoints(&east, ns, "orders-rw").await?.is_empty(),
+        "a replica cluster's -rw has no endpoints"
+    );
+    let east_instance = endpoints(&east, ns, "orders-r").await?[0];
+    let error = connect(east_instance, &credentials)
+        .await?
+        .batch_execute("SET default_transaction_read_only = off; INSERT INTO orders VALUES (999)")
+        .await
+        .expect_err("a replica cluster refuses writes");
+    assert_eq!(sqlstate(&error).as_deref(), Some(READ_ONLY), "{error}");
+
+    // The hub's status: the primary cluster, each cluster's role and lag.
+    let template = federation.api("hub", &databases());
+    let status = wait_for(
+        "the hub's status names west primary and east a replica with its lag",
+        Duration::from_secs(60),
+        || {
+            let template = template.clone();
+            async move {
+                let status = match template.get("orders").await {
+                    Ok(t) => t.data["status"].clone(),
+                    Err(e) => return Check::Waiting(e.to_string()),
+                };
+                let row = |name: &str| {
+                    status["clusters"]
+                        .as_array()
+                        .and_then(|rows| rows.iter().find(|r| r["name"] == name).cloned())
+                        .unwrap_or_default()
+                };
+                if status["primaryCluster"] == "west"
+                    && row("west")["role"] == "Primary"
+                    && row("east")["role"] == "Replica"
+                    && row("east")["lagBytes"].is_u64()
+                {
+                    Check::Done(status)
+                } else {
+                    Check::Waiting(status.to_string())
+                }
+            }
+        },
+    )
+    .await?;
+    eprintln!(
+        "hub status: primary cluster west, east's lag {} bytes as last reported",
+        status["clusters"]
+            .as_array()
+            .and_then(|rows| rows.iter().find(|r| r["name"] == "east"))
+            .map_or(json!(null), |r| r["lagBytes"].clone())
+    );
+    let read_only = status["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "ReadOnly"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(read_only["status"], "False", "{read_only}");
+
+    // West cut off from the hub and from east: its agent fences, its server refuses
+    // writes; east serves reads and promotes nothing.
+    let partition = Partition::start(&federation.lab, "west")?;
+    let cut_at = Instant::now();
+    let accepted = std::sync::atomic::AtomicI32::new(0);
+    let refused_at = wait_for(
+        "west's server refuses writes while cut off",
+        Duration::from_secs(30),
+        || {
+            let (credentials, accepted) = (credentials.clone(), &accepted);
+            async move {
+                let session = match connect(primary, &credentials).await {
+                    Ok(s) => s,
+                    Err(e) => return Check::Waiting(format!("{e:#}")),
+                };
+                let id = 1000 + accepted.load(std::sync::atomic::Ordering::SeqCst);
+                match session
+                    .execute("INSERT INTO orders VALUES ($1)", &[&id])
+                    .await
+                {
+                    Err(e) if sqlstate(&e).as_deref() == Some(READ_ONLY) => {
+                        Check::Done(Instant::now())
+                    }
+                    Err(e) => Check::Waiting(e.to_string()),
+                    Ok(_) => {
+                        accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        Check::Waiting("the write was accepted".into())
+                    }
+                }
+            }
+        },
+    )
+    .await?;
+    let accepted = accepted.load(std::sync::atomic::Ordering::SeqCst);
+    eprintln!(
+        "the cut-off primary cluster refused writes {:?} after the cut (lease {LEASE_DURATION_SECONDS} s; {accepted} accepted before)",
+        refused_at - cut_at
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        count(&connect(east_instance, &credentials).await?).await?,
+        20,
+        "east serves what it had through the partition"
+    );
+    assert!(
+        endpoints(&east, ns, "orders-rw").await?.is_empty(),
+        "nothing in east was promoted"
+    );
+    let east_copy = federation.api("east", &databases()).get("orders").await?;
+    assert!(
+        east_copy.data["status"]["instances"]
+            .as_array()
+            .is_some_and(|instances| instances.iter().all(|i| i["role"] != "Primary")),
+        "no instance of east runs as a primary: {}",
+        east_copy.data["status"]
+    );
+
+    // Healed: west takes writes again, and east has every acknowledged one.
+    partition.heal()?;
+    let healed_at = Instant::now();
+    let primary = wait_streaming(&west, ns, "orders").await?;
+    write_rows(&connect(primary, &credentials).await?, 20..30, false).await?;
+    eprintln!(
+        "west writable again {:?} after the heal",
+        healed_at.elapsed()
+    );
+    let rows = 30 + i64::from(accepted);
+    wait_rows_everywhere(&east, ns, "orders-r", &credentials, rows, 1).await?;
+    eprintln!(
+        "east caught up ({rows} rows) {:?} after the heal",
+        healed_at.elapsed()
+    );
+
+    // A cluster that holds the Secrets of a database of its own is never overwritten:
+    // its copy waits, and the binding says why and what to do.
+    let north = federation.members["north"].clone();
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(north.clone());
+    if namespaces.get_opt(ns).await?.is_none() {
+        namespaces
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
+            )
+            .await?;
+    }
+    let north_secrets = Api::<Secret>::namespaced(north.clone(), ns);
+    north_secrets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "ledger-instance"},
+                "stringData": {"superuser-password": "north's own", "replication-password": "north's own",
+                               "token": "north's own"}}))?,
+        )
+        .await?;
+    let before = north_secrets.get("ledger-instance").await?.data;
+    federation
+        .apply(
+            &policies(),
+            federation.policy(
+                "ledger",
+                json!([{"apiVersion": "example.com/v1", "kind": "MyDatabase", "name": "ledger"}]),
+                json!({"clusterAffinity": {"clusterNames": ["west", "north"]},
+                       "replicaScheduling": {"type": "Divided", "divisionPreference": "Weighted"}}),
+                json!({}),
+            ),
+        )
+        .await?;
+    federation
+        .apply(
+            &databases(),
+            json!({"apiVersion": "example.com/v1", "kind": "MyDatabase", "metadata": {"name": "ledger"},
+                   "spec": {"replicas": 2, "version": "16", "storage": {"size": "1Gi"},
+                            "topology": {"primaryCluster": "west"}}}),
+        )
+        .await?;
+    let binding = federation
+        .wait_row(
+            "ledger-mydatabase",
+            "north",
+            "says it holds other passwords",
+            Duration::from_secs(120),
+            |row| {
+                row.message
+                    .as_deref()
+                    .is_some_and(|m| m.contains("already holds the Secret"))
+            },
+        )
+        .await
+        .with_context(hub_log)?;
+    eprintln!(
+        "north's row: {}",
+        binding
+            .status
+            .unwrap_or_default()
+            .clusters
+            .iter()
+            .find(|r| r.name == "north")
+            .and_then(|r| r.message.clone())
+            .unwrap_or_default()
+    );
+    assert_eq!(
+        north_secrets.get("ledger-instance").await?.data,
+        before,
+        "north's own Secret is left as it was"
+    );
+    assert!(
+        federation
+            .api("north", &databases())
+            .get_opt("ledger")
+            .await?
+            .is_none(),
+        "north gets no copy that would stream with the wrong passwords"
+    );
+    Ok(())
+}
