@@ -1099,6 +1099,8 @@ async fn a_replica_cluster_streams_from_another_clusters_primary_through_a_parti
 /// east has every acknowledged one.
 #[tokio::test]
 async fn the_hub_makes_the_other_clusters_replica_clusters_of_the_primary_cluster() -> Result<()> {
+    use std::collections::BTreeMap;
+
     use bulkhead_e2e::federation::{Federation, LEASE_DURATION_SECONDS, databases, policies};
     use k8s_openapi::api::core::v1::Secret;
     use serde_json::json;
@@ -1304,6 +1306,123 @@ async fn the_hub_makes_the_other_clusters_replica_clusters_of_the_primary_cluste
         "east caught up ({rows} rows) {:?} after the heal",
         healed_at.elapsed()
     );
+
+    // A planned switchover to east (the GitOps field `bulkhead switchover` sets): a probe
+    // writes to every instance of both clusters all along. West refuses writes before
+    // east takes any, east has every write west acknowledged, and west then follows east.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let probes: Vec<_> = [
+        ("west", west.clone(), 100_000),
+        ("east", east.clone(), 200_000),
+    ]
+    .into_iter()
+    .map(|(cluster, client, first)| {
+        let (stop, credentials, ns) = (stop.clone(), credentials.clone(), ns.to_string());
+        tokio::spawn(async move {
+            // (id, when the write was sent, when it was acknowledged)
+            let mut acks: Vec<(i32, Instant, Instant)> = vec![];
+            let mut id = first;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                for address in endpoints(&client, &ns, "orders-r")
+                    .await
+                    .unwrap_or_default()
+                {
+                    id += 1;
+                    let sent = Instant::now();
+                    let Ok(Ok(session)) = tokio::time::timeout(
+                        Duration::from_secs(1),
+                        connect(address, &credentials),
+                    )
+                    .await
+                    else {
+                        continue;
+                    };
+                    if let Ok(Ok(_)) = tokio::time::timeout(
+                        Duration::from_secs(2),
+                        session.execute("INSERT INTO orders VALUES ($1)", &[&id]),
+                    )
+                    .await
+                    {
+                        acks.push((id, sent, Instant::now()));
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            (cluster, acks)
+        })
+    })
+    .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let asked = Instant::now();
+    template
+        .patch(
+            "orders",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"topology": {"primaryCluster": "east"}}})),
+        )
+        .await?;
+    wait_for(
+        "the hub records east as the primary cluster",
+        Duration::from_secs(120),
+        || {
+            let template = template.clone();
+            async move {
+                match template.get("orders").await {
+                    Ok(t) if t.data["status"]["primaryCluster"] == "east" => Check::Done(()),
+                    Ok(t) => Check::Waiting(t.data["status"]["primaryCluster"].to_string()),
+                    Err(e) => Check::Waiting(e.to_string()),
+                }
+            }
+        },
+    )
+    .await
+    .with_context(hub_log)?;
+    let recorded = asked.elapsed();
+    let new_primary = wait_streaming(&east, ns, "orders").await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut acks = BTreeMap::new();
+    for probe in probes {
+        let (cluster, acked) = probe.await?;
+        acks.insert(cluster, acked);
+    }
+    let first_east = acks["east"]
+        .iter()
+        .map(|(_, _, acked)| *acked)
+        .min()
+        .context("east took no write after the switchover")?;
+    let last_west = acks["west"]
+        .iter()
+        .map(|(_, _, acked)| *acked)
+        .max()
+        .context("west took no write before the switchover")?;
+    for (id, sent, _) in &acks["west"] {
+        assert!(
+            *sent < first_east,
+            "west accepted write {id}, sent after east had acknowledged one: two primaries"
+        );
+    }
+    eprintln!(
+        "switchover west -> east: recorded {recorded:?} after the ask; no writable primary for {:?} (west's last acknowledged write to east's first); {} writes acknowledged by west, {} by east",
+        first_east.saturating_duration_since(last_west),
+        acks["west"].len(),
+        acks["east"].len()
+    );
+    let acknowledged: Vec<i32> = acks.values().flatten().map(|(id, _, _)| *id).collect();
+    let (rows, lost) = rows_and_lost(new_primary, &credentials, &acknowledged).await?;
+    assert!(
+        lost.is_empty(),
+        "acknowledged writes lost by the switchover: {lost:?}"
+    );
+    let total = rows.len() as i64;
+    wait_rows_everywhere(&west, ns, "orders-r", &credentials, total, 1)
+        .await
+        .with_context(hub_log)?;
+    assert!(
+        endpoints(&west, ns, "orders-rw").await?.is_empty(),
+        "west, now a replica cluster, has no -rw endpoints"
+    );
+    eprintln!("west follows east: it has all {total} rows");
 
     // A cluster that holds the Secrets of a database of its own is never overwritten:
     // its copy waits, and the binding says why and what to do.

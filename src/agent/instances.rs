@@ -89,6 +89,11 @@ pub struct InstancesView {
 /// often (roles, readiness and conditions at once).
 pub const POSITION_REFRESH: Duration = Duration::from_secs(30);
 
+/// How often positions reach the status of a copy the hub is switching over (annotation
+/// `federation.example.com/switchover-to`): the hub waits for the new primary cluster to
+/// have received the old one's last WAL.
+pub const SWITCHOVER_POSITION_REFRESH: Duration = Duration::from_secs(1);
+
 /// The last view of each database (`namespace/name`), shared with the reconciler.
 #[derive(Clone, Default)]
 pub struct Views(Arc<Mutex<HashMap<String, (InstancesView, Instant)>>>);
@@ -114,15 +119,17 @@ impl Views {
     }
 
     /// Stores a view; whether the status should be written now: something other than a
-    /// WAL position changed, or positions did and the last write is [`POSITION_REFRESH`] old.
-    pub fn set(&self, key: &str, view: InstancesView, now: Instant) -> bool {
+    /// WAL position changed, or positions did and the last write is `refresh` old
+    /// ([`POSITION_REFRESH`], or [`SWITCHOVER_POSITION_REFRESH`] while the hub moves the
+    /// primary between clusters).
+    pub fn set(&self, key: &str, view: InstancesView, now: Instant, refresh: Duration) -> bool {
         let mut views = self.lock();
         let publish = match views.get(key) {
             None => true,
             Some((old, _)) if *old == view => false,
             Some((old, published)) => {
                 without_positions(old) != without_positions(&view)
-                    || now.duration_since(*published) >= POSITION_REFRESH
+                    || now.duration_since(*published) >= refresh
             }
         };
         let published = match views.get(key) {
@@ -630,7 +637,15 @@ impl Loop {
                 host,
                 port: POSTGRES_PORT,
             });
-        if self.views.set(&database_key, view, Instant::now()) {
+        let refresh = if database
+            .annotations()
+            .contains_key(crate::api::ANNOTATION_SWITCHOVER_TO)
+        {
+            SWITCHOVER_POSITION_REFRESH
+        } else {
+            POSITION_REFRESH
+        };
+        if self.views.set(&database_key, view, Instant::now(), refresh) {
             let _ = self
                 .changed
                 .try_send(ObjectRef::from_obj(database.as_ref()));
@@ -1101,13 +1116,28 @@ mod tests {
                 "",
             )
         };
-        assert!(views.set("shop/orders", one(Role::Primary, "0/10"), at(0)));
+        assert!(views.set(
+            "shop/orders",
+            one(Role::Primary, "0/10"),
+            at(0),
+            POSITION_REFRESH
+        ));
         assert!(
-            !views.set("shop/orders", one(Role::Primary, "0/10"), at(1)),
+            !views.set(
+                "shop/orders",
+                one(Role::Primary, "0/10"),
+                at(1),
+                POSITION_REFRESH
+            ),
             "no change"
         );
         assert!(
-            !views.set("shop/orders", one(Role::Primary, "0/20"), at(2)),
+            !views.set(
+                "shop/orders",
+                one(Role::Primary, "0/20"),
+                at(2),
+                POSITION_REFRESH
+            ),
             "a new WAL position alone waits"
         );
         assert_eq!(
@@ -1118,13 +1148,37 @@ mod tests {
             "but is kept for the next status write"
         );
         assert!(
-            views.set("shop/orders", one(Role::Standby, "0/20"), at(3)),
+            views.set(
+                "shop/orders",
+                one(Role::Standby, "0/20"),
+                at(3),
+                POSITION_REFRESH
+            ),
             "a role change is written at once"
         );
-        assert!(!views.set("shop/orders", one(Role::Standby, "0/30"), at(20)));
+        assert!(!views.set(
+            "shop/orders",
+            one(Role::Standby, "0/30"),
+            at(20),
+            POSITION_REFRESH
+        ));
         assert!(
-            views.set("shop/orders", one(Role::Standby, "0/40"), at(34)),
+            views.set(
+                "shop/orders",
+                one(Role::Standby, "0/40"),
+                at(34),
+                POSITION_REFRESH
+            ),
             "positions 30 s after the last write"
+        );
+        assert!(
+            views.set(
+                "shop/orders",
+                one(Role::Standby, "0/50"),
+                at(35),
+                SWITCHOVER_POSITION_REFRESH
+            ),
+            "every second during a switchover"
         );
         views.retain(|_| false);
         assert!(views.get("shop/orders").is_none());

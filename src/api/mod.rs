@@ -49,6 +49,9 @@ pub const ANNOTATION_APPLIED_HASH: &str = "federation.example.com/applied-hash";
 /// Annotation on every member copy of a hub MyDatabase with replica clusters: the member
 /// cluster that holds the primary, recorded with the copies themselves.
 pub const ANNOTATION_PRIMARY_CLUSTER: &str = "federation.example.com/primary-cluster";
+/// Annotation on the copies of a hub MyDatabase while the hub moves its primary to
+/// another cluster (a switchover): the cluster it moves to.
+pub const ANNOTATION_SWITCHOVER_TO: &str = "federation.example.com/switchover-to";
 /// Label naming the template a member copy belongs to: a hash of `<namespace>.<name>`
 /// (always a valid label value); the annotation of the same key holds the full name.
 pub const LABEL_BINDING: &str = "federation.example.com/binding";

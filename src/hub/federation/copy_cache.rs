@@ -420,9 +420,10 @@ fn start_watches(client: &Client, kinds: &Kinds, cluster: &str) -> (ClusterCopie
 }
 
 /// Metadata the hub reads on its copies.
-const COPY_ANNOTATIONS: [&str; 5] = [
+const COPY_ANNOTATIONS: [&str; 6] = [
     crate::api::ANNOTATION_APPLIED_HASH,
     crate::api::ANNOTATION_PRIMARY_CLUSTER,
+    crate::api::ANNOTATION_SWITCHOVER_TO,
     crate::api::LABEL_BINDING,
     crate::api::ANNOTATION_TEMPLATE_DELETED,
     crate::api::rollout::ANNOTATION_REVISION,

@@ -106,6 +106,8 @@ pub struct ReplicaClusters {
     /// primary cluster's (Ok), or why not yet. A replica cluster's copy waits for them:
     /// its agent would otherwise make passwords of its own.
     pub credentials: BTreeMap<String, Result<(), String>>,
+    /// Where a switchover of the primary cluster stands.
+    pub switchover: crate::hub::federation::replica_clusters::Switchover,
 }
 
 /// What a cluster's copy is built from during a rollout.
@@ -349,14 +351,16 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                 // others streaming from it; a replica waits for its source and Secrets.
                 let desired = match input.replica_clusters {
                     None => desired,
-                    Some(setup) => match replica_copy(input, setup, member.cluster, desired) {
-                        Ok(desired) => desired,
-                        Err(note) => {
-                            plan.notes.insert(cluster.clone(), note);
-                            plan.deferred.push(cluster);
-                            continue;
+                    Some(setup) => {
+                        match replica_copy(input, setup, member.cluster, desired, &mut plan.notes) {
+                            Ok(desired) => desired,
+                            Err(note) => {
+                                plan.notes.insert(cluster.clone(), note);
+                                plan.deferred.push(cluster);
+                                continue;
+                            }
                         }
-                    },
+                    }
                 };
                 let resync = input
                     .resync
@@ -457,15 +461,38 @@ fn replica_copy(
     setup: &ReplicaClusters,
     cluster: &str,
     mut desired: Value,
+    notes: &mut BTreeMap<String, String>,
 ) -> Result<Value, String> {
     use crate::hub::federation::replica_clusters::endpoint;
     let primary = setup
         .primary
         .as_deref()
         .map_err(|why| format!("not applied: {why}"))?;
+    let moving_to = setup.switchover.started_to();
+    if let Some(note) = setup.switchover.describe(primary)
+        && (cluster == primary || Some(cluster) == setup.switchover.target())
+    {
+        notes.insert(cluster.to_string(), note);
+    }
     let source = if cluster == primary {
+        if let Some(to) = moving_to {
+            // Demoted first, and read-only until it follows the new primary cluster.
+            desired["spec"]["readOnly"] = Value::Bool(true);
+            desired["metadata"]["annotations"][crate::api::ANNOTATION_SWITCHOVER_TO] =
+                Value::String(to.to_string());
+        }
+        None
+    } else if Some(cluster) == moving_to && setup.switchover.promotes() {
+        // It has all of the old primary's WAL: promoted, streaming from nothing.
+        desired["metadata"]["annotations"][crate::api::ANNOTATION_SWITCHOVER_TO] =
+            Value::String(cluster.to_string());
         None
     } else {
+        if Some(cluster) == moving_to {
+            // Its agent reports its position every second meanwhile.
+            desired["metadata"]["annotations"][crate::api::ANNOTATION_SWITCHOVER_TO] =
+                Value::String(cluster.to_string());
+        }
         let name = input.template["metadata"]["name"]
             .as_str()
             .unwrap_or_default();
@@ -1151,10 +1178,13 @@ mod tests {
         }
     }
 
+    use crate::hub::federation::replica_clusters::Switchover;
+
     fn replica_setup(primary: &str, ready: &[&str]) -> ReplicaClusters {
         ReplicaClusters {
             primary: Ok(primary.into()),
             credentials: ready.iter().map(|c| (c.to_string(), Ok(()))).collect(),
+            switchover: Switchover::None,
         }
     }
 
@@ -1210,6 +1240,7 @@ mod tests {
                 Err("west already holds the Secret".to_string()),
             )]
             .into(),
+            switchover: Switchover::None,
         };
         let plan_refused = super::plan(&PlanInput {
             replica_clusters: Some(&refused),
@@ -1242,6 +1273,73 @@ mod tests {
         );
     }
 
+    /// A switchover from east to west, as the copies carry it: east read-only and marked
+    /// from the start; west streaming (and marked) until it has east's last WAL, then
+    /// without `replicaOf`; north, another replica, untouched until the record.
+    #[test]
+    fn a_switchover_makes_the_old_primary_read_only_and_promotes_the_new_one_last() {
+        let template = database(3);
+        let placed = targets(&[("east", 1), ("west", 1), ("north", 1)]);
+        let east = with_endpoint(database_copy(1, 1, "e"), "10.0.1.7");
+        let members = [
+            member("east", Some(&east)),
+            member("west", None),
+            member("north", None),
+        ];
+        let to = "west".to_string();
+        for (stage, west_streams) in [
+            (Switchover::Demoting { to: to.clone() }, true),
+            (
+                Switchover::CatchingUp {
+                    to: to.clone(),
+                    last: 7,
+                },
+                true,
+            ),
+            (Switchover::Promoting { to: to.clone() }, false),
+        ] {
+            let setup = ReplicaClusters {
+                switchover: stage.clone(),
+                ..replica_setup("east", &["west", "north"])
+            };
+            let plan = super::plan(&PlanInput {
+                replica_clusters: Some(&setup),
+                ..stateful(&template, &placed, &[], &members)
+            });
+            let copy = |cluster: &str| {
+                &plan
+                    .applies
+                    .iter()
+                    .find(|a| a.cluster == cluster)
+                    .unwrap()
+                    .object
+            };
+            let switchover_to = |cluster: &str| {
+                copy(cluster)["metadata"]["annotations"][crate::api::ANNOTATION_SWITCHOVER_TO]
+                    .clone()
+            };
+            assert_eq!(copy("east")["spec"]["readOnly"], true, "{stage:?}");
+            assert_eq!(switchover_to("east"), "west");
+            assert_eq!(switchover_to("west"), "west");
+            assert_eq!(switchover_to("north"), Value::Null);
+            assert_eq!(
+                copy("west")["spec"]["topology"]["replicaOf"].is_object(),
+                west_streams,
+                "{stage:?}"
+            );
+            assert_eq!(
+                copy("north")["spec"]["topology"]["replicaOf"]["host"],
+                "10.0.1.7"
+            );
+            assert!(
+                plan.notes["east"].starts_with("switchover from east to west"),
+                "{:?}",
+                plan.notes
+            );
+            assert!(!plan.notes.contains_key("north"));
+        }
+    }
+
     /// No primary cluster can be chosen (a primaryCluster outside the placement): nothing
     /// is applied anywhere, and every cluster says why.
     #[test]
@@ -1251,6 +1349,7 @@ mod tests {
         let setup = ReplicaClusters {
             primary: Err("spec.topology.primaryCluster names south".into()),
             credentials: BTreeMap::new(),
+            switchover: Switchover::None,
         };
         let members = [member("east", None), member("west", None)];
         let plan = super::plan(&PlanInput {

@@ -11,10 +11,10 @@
 use kube::api::DynamicObject;
 use serde_json::Value;
 
-use crate::api::ANNOTATION_PRIMARY_CLUSTER;
 use crate::api::instance::parse_lsn;
 use crate::api::mydatabase::ReplicaSource;
 use crate::api::resource_binding::TargetCluster;
+use crate::api::{ANNOTATION_PRIMARY_CLUSTER, ANNOTATION_SWITCHOVER_TO};
 
 /// A hub MyDatabase (as JSON) asks for replica clusters, or has a recorded primary
 /// cluster (which keeps its copies replica clusters).
@@ -124,6 +124,214 @@ fn primary_position(status: &Value) -> Option<u64> {
 /// read at different moments).
 pub fn lag_bytes(primary: &Value, replica: &Value) -> Option<u64> {
     Some(primary_position(primary)?.saturating_sub(primary_position(replica)?))
+}
+
+/// Where a switchover of the primary cluster stands, as the copies show it. Asked for by
+/// setting `spec.topology.primaryCluster` to another placed cluster (`bulkhead
+/// switchover` does); each stage is recorded on the copies themselves, so a restarted
+/// hub picks it up where it was.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Switchover {
+    /// The primary stays where it is recorded.
+    None,
+    /// Asked for, not started: why (a cluster not Ready, the target not streaming). The
+    /// primary stays; the switchover starts once the reason is gone.
+    Waiting { to: String, why: String },
+    /// The old primary cluster's copy is read-only (`spec.readOnly`) and marked
+    /// `switchover-to`; waiting until every instance there runs as a standby.
+    Demoting { to: String },
+    /// The old primary refuses writes; the new primary cluster still streams from it until
+    /// its designated primary has received the old one's last WAL position.
+    CatchingUp { to: String, last: u64 },
+    /// The new primary cluster has everything: its copy loses `replicaOf`, its agent
+    /// promotes its designated primary.
+    Promoting { to: String },
+    /// The new primary cluster runs a primary: the hub records it as the primary cluster,
+    /// and the old one follows it.
+    Done { to: String },
+}
+
+impl Switchover {
+    /// The cluster the primary moves to, once the switchover started.
+    pub fn started_to(&self) -> Option<&str> {
+        match self {
+            Switchover::Demoting { to }
+            | Switchover::CatchingUp { to, .. }
+            | Switchover::Promoting { to }
+            | Switchover::Done { to } => Some(to),
+            Switchover::None | Switchover::Waiting { .. } => None,
+        }
+    }
+
+    /// The cluster a switchover is asked to, started or not.
+    pub fn target(&self) -> Option<&str> {
+        match self {
+            Switchover::Waiting { to, .. } => Some(to),
+            other => other.started_to(),
+        }
+    }
+
+    /// The new primary cluster's copy no longer streams from the old one.
+    pub fn promotes(&self) -> bool {
+        matches!(self, Switchover::Promoting { .. } | Switchover::Done { .. })
+    }
+
+    /// In words, for the binding's rows.
+    pub fn describe(&self, from: &str) -> Option<String> {
+        Some(match self {
+            Switchover::None => return None,
+            Switchover::Waiting { to, why } => {
+                format!("switchover from {from} to {to} not started: {why}")
+            }
+            Switchover::Demoting { to } => format!(
+                "switchover from {from} to {to}: {from} made read-only, waiting until every instance there runs as a standby"
+            ),
+            Switchover::CatchingUp { to, last } => format!(
+                "switchover from {from} to {to}: {from} refuses writes; waiting until {to} has received its last WAL position {}",
+                crate::api::instance::format_lsn(*last)
+            ),
+            Switchover::Promoting { to } => {
+                format!(
+                    "switchover from {from} to {to}: {to} has all of {from}'s WAL; promoting it"
+                )
+            }
+            Switchover::Done { to } => {
+                format!("switchover from {from} to {to}: {to} runs the primary; recording it")
+            }
+        })
+    }
+}
+
+fn annotation<'a>(copy: &'a DynamicObject, key: &str) -> Option<&'a str> {
+    copy.metadata
+        .annotations
+        .as_ref()?
+        .get(key)
+        .map(String::as_str)
+        .filter(|v| !v.is_empty())
+}
+
+fn instances(copy: &DynamicObject) -> &[Value] {
+    copy.data["status"]["instances"]
+        .as_array()
+        .map_or(&[], Vec::as_slice)
+}
+
+/// Some instance of the copy runs as primary.
+fn runs_a_primary(copy: &DynamicObject) -> bool {
+    instances(copy).iter().any(|i| i["role"] == "Primary")
+}
+
+/// The copy's agent has seen its current spec and every instance runs as a standby: the
+/// cluster takes no write.
+fn demoted(copy: &DynamicObject) -> bool {
+    let status = &copy.data["status"];
+    let current = match (
+        copy.metadata.generation,
+        status["observedGeneration"].as_i64(),
+    ) {
+        (Some(generation), Some(observed)) => observed >= generation,
+        _ => false,
+    };
+    current && !instances(copy).is_empty() && instances(copy).iter().all(|i| i["role"] == "Standby")
+}
+
+/// The highest WAL position the copy's instances report.
+fn last_position(copy: &DynamicObject) -> Option<u64> {
+    instances(copy)
+        .iter()
+        .filter_map(|i| i["lsn"].as_str().and_then(parse_lsn))
+        .max()
+}
+
+/// The copy runs as a replica cluster (its agent says so).
+fn replica_cluster(copy: &DynamicObject) -> bool {
+    copy.data["status"]["conditions"]
+        .as_array()
+        .is_some_and(|conditions| {
+            conditions.iter().any(|c| {
+                c["type"] == "ReadOnly"
+                    && c["status"] == "True"
+                    && c["reason"] == crate::api::mydatabase::REASON_REPLICA_CLUSTER
+            })
+        })
+}
+
+/// Where the switchover of a database whose recorded primary cluster is `primary`
+/// stands. `copy` finds a cluster's copy as last seen; `not_ready` says why a cluster
+/// is not Ready (None: it is).
+pub fn switchover<'a>(
+    template: &Value,
+    primary: &str,
+    targets: &[TargetCluster],
+    copy: &dyn Fn(&str) -> Option<&'a DynamicObject>,
+    not_ready: &dyn Fn(&str) -> Option<String>,
+) -> Switchover {
+    let started = copy(primary).and_then(|c| annotation(c, ANNOTATION_SWITCHOVER_TO));
+    let wanted = template["spec"]["topology"]["primaryCluster"]
+        .as_str()
+        .filter(|w| *w != primary);
+    let Some(to) = started.or(wanted).map(str::to_string) else {
+        return Switchover::None;
+    };
+    if started.is_none() {
+        // Not started: every condition first, nothing is changed until they hold.
+        let placed: Vec<&str> = targets
+            .iter()
+            .filter(|t| t.replicas > 0)
+            .map(|t| t.name.as_str())
+            .collect();
+        let why = if !placed.contains(&to.as_str()) {
+            Some(format!(
+                "{to} is not in the placement ({}); place the database there first",
+                placed.join(", ")
+            ))
+        } else if let Some(why) = placed.iter().find_map(|c| {
+            not_ready(c).map(|why| {
+                format!("{c} is not Ready ({why}); every cluster of the placement must be")
+            })
+        }) {
+            Some(why)
+        } else if !copy(&to).is_some_and(|c| replica_cluster(c) && last_position(c).is_some()) {
+            Some(format!(
+                "{to}'s copy does not run as a streaming replica cluster yet"
+            ))
+        } else if !copy(primary).is_some_and(runs_a_primary) {
+            Some(format!("{primary} runs no primary to switch over from"))
+        } else {
+            None
+        };
+        return match why {
+            Some(why) => Switchover::Waiting { to, why },
+            None => Switchover::Demoting { to },
+        };
+    }
+    let Some(target) = copy(&to) else {
+        return Switchover::Demoting { to };
+    };
+    if annotation(target, ANNOTATION_SWITCHOVER_TO) == Some(to.as_str()) && runs_a_primary(target) {
+        return Switchover::Done { to };
+    }
+    let Some(old) = copy(primary).filter(|c| demoted(c)) else {
+        return Switchover::Demoting { to };
+    };
+    let Some(last) = last_position(old) else {
+        return Switchover::Demoting { to };
+    };
+    let received = target.data["status"]["primary"]
+        .as_str()
+        .and_then(|designated| {
+            instances(target)
+                .iter()
+                .find(|i| i["name"] == designated)
+                .and_then(|i| i["lsn"].as_str())
+                .and_then(parse_lsn)
+        });
+    if received.is_some_and(|received| received >= last) {
+        Switchover::Promoting { to }
+    } else {
+        Switchover::CatchingUp { to, last }
+    }
 }
 
 #[cfg(test)]
@@ -255,6 +463,128 @@ mod tests {
         ] {
             assert_eq!(endpoint(&copy(None, bad.clone())), None, "{bad}");
         }
+    }
+
+    fn database_copy(
+        generation: i64,
+        annotations: &[(&str, &str)],
+        status: Value,
+    ) -> DynamicObject {
+        let mut object = copy(None, status);
+        object.metadata.generation = Some(generation);
+        for (key, value) in annotations {
+            object
+                .annotations_mut()
+                .insert(key.to_string(), value.to_string());
+        }
+        object
+    }
+
+    fn replica_status(lsn: &str) -> Value {
+        json!({"observedGeneration": 1, "primary": "orders-0",
+               "conditions": [{"type": "ReadOnly", "status": "True", "reason": "ReplicaCluster"}],
+               "instances": [{"name": "orders-0", "role": "Standby", "lsn": lsn}]})
+    }
+
+    /// The stages as the copies show them, from the ask to the record; nothing starts
+    /// while a cluster is not Ready or the target does not stream.
+    #[test]
+    fn a_switchover_demotes_first_promotes_only_what_has_every_write_then_records() {
+        let targets = [target("east", 1), target("west", 1)];
+        let asked = json!({"spec": {"topology": {"primaryCluster": "west"}},
+                           "status": {"primaryCluster": "east"}});
+        let primary_status = json!({"observedGeneration": 1, "primary": "orders-0",
+            "instances": [{"name": "orders-0", "role": "Primary", "lsn": "0/5000000"}]});
+        let east = database_copy(1, &[], primary_status.clone());
+        let west = database_copy(1, &[], replica_status("0/5000000"));
+        let ready = |_: &str| None;
+        let stage = |template: &Value,
+                     east: &DynamicObject,
+                     west: &DynamicObject,
+                     not_ready: &dyn Fn(&str) -> Option<String>| {
+            let copy = |cluster: &str| match cluster {
+                "east" => Some(east),
+                "west" => Some(west),
+                _ => None,
+            };
+            switchover(template, "east", &targets, &copy, not_ready)
+        };
+        let steady = json!({"spec": {"topology": {"primaryCluster": "east"}},
+                            "status": {"primaryCluster": "east"}});
+        assert_eq!(stage(&steady, &east, &west, &ready), Switchover::None);
+
+        // Not started while a cluster is not Ready, nor while west does not stream.
+        let cut = |c: &str| (c == "west").then(|| "unreachable".to_string());
+        assert!(matches!(stage(&asked, &east, &west, &cut),
+            Switchover::Waiting { why, .. } if why.contains("west is not Ready (unreachable)")));
+        let not_streaming = database_copy(1, &[], json!({"observedGeneration": 1}));
+        assert!(matches!(stage(&asked, &east, &not_streaming, &ready),
+            Switchover::Waiting { why, .. } if why.contains("streaming replica cluster")));
+        let elsewhere = json!({"spec": {"topology": {"primaryCluster": "north"}},
+                               "status": {"primaryCluster": "east"}});
+        assert!(matches!(stage(&elsewhere, &east, &west, &ready),
+            Switchover::Waiting { why, .. } if why.contains("north is not in the placement")));
+
+        // Started: east marked; until every instance there is a standby of the copy's
+        // current generation, it is demoting, whatever else happens.
+        assert_eq!(
+            stage(&asked, &east, &west, &ready),
+            Switchover::Demoting { to: "west".into() }
+        );
+        let marked = [(ANNOTATION_SWITCHOVER_TO, "west")];
+        let east_marked = database_copy(2, &marked, primary_status.clone());
+        assert_eq!(
+            stage(&asked, &east_marked, &west, &cut),
+            Switchover::Demoting { to: "west".into() }
+        );
+        let mut stale = primary_status.clone();
+        stale["instances"][0]["role"] = json!("Standby");
+        let east_stale = database_copy(2, &marked, stale.clone());
+        assert_eq!(
+            stage(&asked, &east_stale, &west, &ready),
+            Switchover::Demoting { to: "west".into() },
+            "a status of the generation before readOnly says nothing"
+        );
+        let mut demoted = stale.clone();
+        demoted["observedGeneration"] = json!(2);
+        demoted["instances"][0]["lsn"] = json!("0/5000100");
+        let east_demoted = database_copy(2, &marked, demoted);
+        // Once started, the ask no longer matters: a switchover is finished.
+        let withdrawn = steady.clone();
+        assert_eq!(
+            stage(&withdrawn, &east_demoted, &west, &ready),
+            Switchover::CatchingUp {
+                to: "west".into(),
+                last: 0x5000100
+            }
+        );
+        let west_marked = database_copy(2, &marked, replica_status("0/5000100"));
+        assert_eq!(
+            stage(&asked, &east_demoted, &west_marked, &ready),
+            Switchover::Promoting { to: "west".into() }
+        );
+        let mut promoted = replica_status("0/5000200");
+        promoted["instances"][0]["role"] = json!("Primary");
+        let west_promoted = database_copy(3, &marked, promoted.clone());
+        assert_eq!(
+            stage(&asked, &east_demoted, &west_promoted, &ready),
+            Switchover::Done { to: "west".into() }
+        );
+        let unmarked_primary = database_copy(3, &[], promoted);
+        assert_ne!(
+            stage(&asked, &east_demoted, &unmarked_primary, &ready),
+            Switchover::Done { to: "west".into() },
+            "a primary the switchover did not make is not its end"
+        );
+        assert!(
+            Switchover::CatchingUp {
+                to: "west".into(),
+                last: 0x5000100
+            }
+            .describe("east")
+            .unwrap()
+            .contains("0/5000100")
+        );
     }
 
     #[test]

@@ -11,15 +11,15 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{ApiResource, DynamicObject, ObjectMeta, PostParams};
-use kube::{Api, Client};
+use kube::api::{ApiResource, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
 
 use crate::api::resource_binding::TargetCluster;
 use crate::error::{ApiErrorKind, classify};
 use crate::hub::federation::context::{Context, full_template};
 use crate::hub::federation::placement::ClusterView;
 use crate::hub::federation::propagation::ReplicaClusters;
-use crate::hub::federation::replica_clusters::{enabled, primary_cluster};
+use crate::hub::federation::replica_clusters::{Switchover, enabled, primary_cluster, switchover};
 use crate::hub::federation::scheduler::DesiredBinding;
 use crate::hub::federation::writer::{ObjectKey, create_namespace, short};
 
@@ -40,32 +40,85 @@ pub(super) async fn setup(
     if !enabled(&value) {
         return None;
     }
-    let copies: Vec<_> = views
+    let copies: Vec<(String, _)> = views
         .iter()
         .filter_map(|view| {
-            context
-                .caches
-                .member(&view.name)?
-                .get(resource, &key.namespace, &key.name)
+            let copy =
+                context
+                    .caches
+                    .member(&view.name)?
+                    .get(resource, &key.namespace, &key.name)?;
+            Some((view.name.clone(), copy))
         })
         .collect();
     let order = policy_order(context, desired);
     let targets = &desired.spec.clusters;
-    let primary = match primary_cluster(&value, targets, copies.iter().map(|c| &**c), &order) {
+    let primary = match primary_cluster(&value, targets, copies.iter().map(|(_, c)| &**c), &order) {
         Ok(None) => return None,
         Ok(Some(primary)) => primary,
         Err(why) => {
             return Some(ReplicaClusters {
                 primary: Err(why),
                 credentials: BTreeMap::new(),
+                switchover: Switchover::None,
             });
         }
     };
+    let copy = |cluster: &str| {
+        copies
+            .iter()
+            .find(|(name, _)| name == cluster)
+            .map(|(_, c)| &**c)
+    };
+    let not_ready = |cluster: &str| {
+        if !views.iter().any(|v| v.name == cluster && v.ready) {
+            return Some("unreachable".to_string());
+        }
+        context.doubt(cluster)
+    };
+    let mut switchover = switchover(&value, &primary, targets, &copy, &not_ready);
+    let mut primary = primary;
+    if let Switchover::Done { to } = &switchover {
+        // The new primary cluster runs its primary: recorded before anything follows it.
+        match record_primary_cluster(context, key, resource, template, to).await {
+            Ok(()) => {
+                tracing::info!(namespace = %key.namespace, name = %key.name, from = %primary, to = %to, "switchover done: the primary cluster is recorded");
+                primary = to.clone();
+                switchover = Switchover::None;
+            }
+            Err(error) => {
+                tracing::warn!(namespace = %key.namespace, name = %key.name, %error, "cannot record the new primary cluster; tried again");
+            }
+        }
+    }
     let credentials = copy_credentials(context, key, &primary, targets, views).await;
     Some(ReplicaClusters {
         primary: Ok(primary),
         credentials,
+        switchover,
     })
+}
+
+/// Writes `status.primaryCluster` on the hub template, at once (not with the rest of the
+/// status, which waits for the copies to settle): the next reconcile must find it.
+async fn record_primary_cluster(
+    context: &Context,
+    key: &ObjectKey,
+    resource: &ApiResource,
+    template: &DynamicObject,
+    cluster: &str,
+) -> Result<(), kube::Error> {
+    let api = Api::<DynamicObject>::namespaced_with(context.hub.clone(), &key.namespace, resource);
+    let written = api
+        .patch_status(
+            &template.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&serde_json::json!({"status": {"primaryCluster": cluster}})),
+        )
+        .await?;
+    context.count_write("template_status");
+    context.remember_template(key, written);
+    Ok(())
 }
 
 /// The policy's `clusterAffinity.clusterNames`, the order the primary cluster is chosen in.
@@ -219,7 +272,7 @@ async fn copy_to(
             Some(existing) if existing.data == source.data => continue,
             Some(_) => {
                 return Err(format!(
-                    "{cluster} already holds the Secret {ns}/{name} with other passwords (a database of its own ran there), so it cannot become a replica cluster of {primary}: its copy is left as it is. To make it one, save what its database holds if it matters, then delete the Secrets {ns}/{db}-instance and {ns}/{db}-app and the MyDatabase {ns}/{db} in {cluster}; the hub then copies {primary}'s and creates the copy anew",
+                    "{cluster} already holds the Secret {ns}/{name} with other passwords (a database of its own ran there), so it cannot become a replica cluster of {primary}: its copy is left as it is. To make it one, save what its database holds if it matters, then delete the Secrets {ns}/{db}-instance and {ns}/{db}-app in {cluster} (and the MyDatabase {ns}/{db} there, if any); the hub then copies {primary}'s and creates the copy anew",
                     ns = key.namespace,
                     db = key.name,
                 ));

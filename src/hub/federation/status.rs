@@ -212,7 +212,8 @@ pub(super) async fn write_template_status(
     let status = match () {
         _ if interpretation.quirks.database_status => {
             let previous: Option<MyDatabaseStatus> = serde_json::from_value(previous.clone()).ok();
-            // The record of the primary cluster is kept once written.
+            // The primary cluster as this reconcile found it (a switchover records the new
+            // one before the template here is read again), else the record.
             let recorded = previous.as_ref().and_then(|p| p.primary_cluster.clone());
             let status = mydatabase_status(
                 previous.as_ref(),
@@ -220,7 +221,7 @@ pub(super) async fn write_template_status(
                 desired,
                 generation,
                 deleting,
-                recorded.as_deref().or(primary_cluster),
+                primary_cluster.or(recorded.as_deref()),
             );
             serde_json::to_value(status).unwrap_or_default()
         }
