@@ -1424,6 +1424,68 @@ async fn the_hub_makes_the_other_clusters_replica_clusters_of_the_primary_cluste
     );
     eprintln!("west follows east: it has all {total} rows");
 
+    // The CLI: a switchover it refuses says why; then back to west.
+    wait_for(
+        "the hub's status shows west as a replica cluster",
+        Duration::from_secs(60),
+        || {
+            let template = template.clone();
+            async move {
+                let status = match template.get("orders").await {
+                    Ok(t) => t.data["status"].clone(),
+                    Err(e) => return Check::Waiting(e.to_string()),
+                };
+                let west_replica = status["clusters"].as_array().is_some_and(|rows| {
+                    rows.iter()
+                        .any(|r| r["name"] == "west" && r["role"] == "Replica")
+                });
+                if west_replica {
+                    Check::Done(())
+                } else {
+                    Check::Waiting(status["clusters"].to_string())
+                }
+            }
+        },
+    )
+    .await?;
+    let hub_kubeconfig = bulkhead_e2e::hub_support::path(&federation.lab.kubeconfig("hub"));
+    let cli = |to: &str| {
+        bulkhead_e2e::hub_support::bulkhead(&[
+            "switchover",
+            "db/orders",
+            "--to",
+            to,
+            "-n",
+            ns,
+            "--kubeconfig",
+            &hub_kubeconfig,
+            "--timeout-seconds",
+            "120",
+        ])
+    };
+    let refused = cli("north")?;
+    assert!(
+        !refused.status.success(),
+        "a switchover to an unplaced cluster is refused"
+    );
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("north is not in the placement"),
+        "the refusal says why"
+    );
+    let back = Instant::now();
+    let moved = cli("west")?;
+    assert!(moved.status.success(), "bulkhead switchover --to west");
+    eprintln!(
+        "switched back to west with `bulkhead switchover` in {:?}",
+        back.elapsed()
+    );
+    let primary = wait_streaming(&west, ns, "orders").await?;
+    let (_, lost) = rows_and_lost(primary, &credentials, &acknowledged).await?;
+    assert!(
+        lost.is_empty(),
+        "acknowledged writes lost switching back: {lost:?}"
+    );
+
     // A cluster that holds the Secrets of a database of its own is never overwritten:
     // its copy waits, and the binding says why and what to do.
     let north = federation.members["north"].clone();

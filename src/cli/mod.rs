@@ -7,6 +7,7 @@ pub mod join;
 pub mod member_guard;
 pub mod plan;
 pub mod rollout;
+pub mod switchover;
 
 use clap::{Parser, Subcommand};
 
@@ -58,6 +59,9 @@ pub enum Command {
     /// A template's progressive rollout: status, promote, pause, resume, abort, undo,
     /// history (docs/rollouts.md).
     Rollout(rollout::RolloutOptions),
+    /// Move the primary of a MyDatabase with replica clusters to another cluster of its
+    /// placement, e.g. `bulkhead switchover db/orders --to west` (docs/mydatabase.md).
+    Switchover(switchover::SwitchoverOptions),
     /// Run one PostgreSQL instance in a database pod (the container's entrypoint): create
     /// its data, supervise `postgres`, carry out the role the agent decides.
     Instance(crate::instance::InstanceOptions),
@@ -82,6 +86,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Unjoin(options) => join::unjoin(&options).await?,
         Command::Get(options) => get::run(&options).await?,
         Command::Rollout(options) => rollout::run(&options).await?,
+        Command::Switchover(options) => switchover::run(&options).await?,
         Command::Instance(options) => crate::instance::run(options).await?,
         Command::CopyBinary { destination } => crate::instance::copy_binary(&destination)?,
     }
