@@ -672,10 +672,15 @@ async fn place_template(
         rollout.as_ref().map(|r| &r.clusters),
         replica_clusters.as_ref(),
     );
-    if replica_clusters.is_some() && !planned.plan.deferred.is_empty() {
-        // A replica cluster waiting for its source's endpoint or Secrets: looked at again
-        // soon (the primary's status is not always what wakes the template).
-        again = sooner(again, Some(Duration::from_secs(5)));
+    if let Some(setup) = &replica_clusters {
+        // A switchover moves on what the copies' statuses say (a status-only change
+        // does not always wake the template at once): looked at every second meanwhile.
+        // A replica cluster waiting for its source's endpoint or Secrets: soon.
+        if setup.switchover.target().is_some() {
+            again = sooner(again, Some(Duration::from_secs(1)));
+        } else if !planned.plan.deferred.is_empty() {
+            again = sooner(again, Some(Duration::from_secs(5)));
+        }
     }
     let targets = desired.spec.clusters.clone();
     let decision_changed = existing.is_none_or(|b| {
