@@ -110,7 +110,8 @@ port=18081
 for member in east west north; do
   start_bg "bulkhead-agent-$member" "$bulkhead" agent --kubeconfig "$(e2e/lab kubeconfig "$member" --inside)" \
     --probe-address "127.0.0.1:$port" \
-    --database-node-selector bulkhead.example.com/lab-runner=true --database-toleration bulkhead.example.com/lab-runner
+    --database-node-selector bulkhead.example.com/lab-runner=true --database-toleration bulkhead.example.com/lab-runner \
+    --external-address-annotation bulkhead.example.com/lab-outside-address
   port=$((port + 1))
 done
 
@@ -367,6 +368,60 @@ rollout status --watch || true
 echo
 echo "== bulkhead rollout history deployment/checkout -n shop"
 rollout history || true
+
+# One database across zones (docs/mydatabase.md, "Replica clusters set up by the hub"):
+# ledger's primary cluster is east (first in its policy), west's copy is a replica
+# cluster streaming from it; a planned switchover then moves the primary to west.
+cat >"$lab_dir/demo-ledger.yaml" <<'YAML'
+apiVersion: federation.example.com/v1alpha1
+kind: PropagationPolicy
+metadata: {name: ledger, namespace: shop}
+spec:
+  resourceSelectors: [{apiVersion: example.com/v1, kind: MyDatabase, name: ledger}]
+  placement:
+    clusterAffinity: {clusterNames: [east, west]}
+    replicaScheduling: {type: Divided, divisionPreference: Weighted}
+---
+apiVersion: example.com/v1
+kind: MyDatabase
+metadata: {name: ledger, namespace: shop}
+spec:
+  replicas: 2
+  version: "16"
+  storage: {size: 1Gi}
+  topology: {acrossClusters: ReplicaClusters}
+YAML
+"$kubectl" --kubeconfig "$hub_kubeconfig" apply -f "$lab_dir/demo-ledger.yaml" >/dev/null
+ledger_hub() { "$kubectl" --kubeconfig "$hub_kubeconfig" -n shop get db ledger -o jsonpath="$1" 2>/dev/null; }
+ledger_reason() {
+  "$kubectl" --kubeconfig "$(e2e/lab kubeconfig "$1" --inside)" -n shop get db ledger \
+    -o jsonpath="{.status.conditions[?(@.type==\"$2\")].reason}" 2>/dev/null
+}
+ledger_streams_to() {
+  # ledger_streams_to REPLICA: the replica cluster runs, and the hub's status says so.
+  [[ "$(ledger_reason "$1" ReadOnly)" == ReplicaCluster ]] \
+    && ledger_hub '{.status.clusters[*].role}' | grep -q Replica
+}
+echo
+wait_until "ledger: east primary, west a replica cluster streaming from it" 180 ledger_streams_to west
+echo "== the hub's view: primary cluster $(ledger_hub '{.status.primaryCluster}')"
+ledger_hub '{range .status.clusters[*]}  {.name}: role {.role}, {.readyReplicas}/{.replicas} ready, lag {.lagBytes} bytes{"\n"}{end}'
+"$bulkhead" get bindings -n shop --kubeconfig "$hub_kubeconfig" | sed -n '/ledger-mydatabase/,/^shop\/[a-k]/p' | grep -v '^shop/[a-k]'
+echo "== a write in east (ledger-rw), read in west's replica cluster (ledger-r)"
+sql east ledger-rw "CREATE TABLE IF NOT EXISTS entries (id serial PRIMARY KEY, note text)"
+sql east ledger-rw "INSERT INTO entries (note) VALUES ('written in east')"
+sleep 1
+sql west ledger-r "SELECT id, note FROM entries ORDER BY id"
+echo "== west refuses writes in the server: it is a replica cluster"
+sql west ledger-r "SET default_transaction_read_only = off; INSERT INTO entries (note) VALUES ('written in west')"
+echo
+echo "== bulkhead switchover db/ledger --to west -n shop"
+"$bulkhead" switchover db/ledger --to west -n shop --kubeconfig "$hub_kubeconfig" || true
+wait_until "east follows west" 60 ledger_streams_to east
+echo "== a write in west now (ledger-rw), read in east, a replica cluster of west"
+sql west ledger-rw "INSERT INTO entries (note) VALUES ('written in west after the switchover')"
+sleep 1
+sql east ledger-r "SELECT id, note FROM entries ORDER BY id"
 
 echo
 e2e/lab status

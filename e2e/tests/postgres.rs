@@ -1088,6 +1088,39 @@ async fn a_replica_cluster_streams_from_another_clusters_primary_through_a_parti
     Ok(())
 }
 
+/// A hub MyDatabase `name` of 2 replicas with `topology`, and a policy placing it 1 + 1 in
+/// `clusters`, listed in that order.
+async fn place_database(
+    federation: &bulkhead_e2e::federation::Federation,
+    name: &str,
+    clusters: [&str; 2],
+    topology: serde_json::Value,
+) -> Result<()> {
+    use bulkhead_e2e::federation::{databases, policies};
+    use serde_json::json;
+    federation
+        .apply(
+            &policies(),
+            federation.policy(
+                name,
+                json!([{"apiVersion": "example.com/v1", "kind": "MyDatabase", "name": name}]),
+                json!({"clusterAffinity": {"clusterNames": clusters},
+                       "replicaScheduling": {"type": "Divided", "divisionPreference": "Weighted"}}),
+                json!({}),
+            ),
+        )
+        .await?;
+    federation
+        .apply(
+            &databases(),
+            json!({"apiVersion": "example.com/v1", "kind": "MyDatabase", "metadata": {"name": name},
+                   "spec": {"replicas": 2, "version": "16", "storage": {"size": "1Gi"},
+                            "topology": topology}}),
+        )
+        .await?;
+    Ok(())
+}
+
 /// The hub makes replica clusters: a template with `acrossClusters: ReplicaClusters`,
 /// placed 1 + 1 by a policy that lists west before east. West holds the primary (the
 /// policy's order, not the names'); the hub copies west's Secrets to east and applies
@@ -1101,33 +1134,20 @@ async fn a_replica_cluster_streams_from_another_clusters_primary_through_a_parti
 async fn the_hub_makes_the_other_clusters_replica_clusters_of_the_primary_cluster() -> Result<()> {
     use std::collections::BTreeMap;
 
-    use bulkhead_e2e::federation::{Federation, LEASE_DURATION_SECONDS, databases, policies};
+    use bulkhead_e2e::federation::{Federation, LEASE_DURATION_SECONDS, databases};
     use k8s_openapi::api::core::v1::Secret;
     use serde_json::json;
 
     let federation = Federation::start_with_databases("pg-fedrep", &[]).await?;
     let ns = federation.namespace.as_str();
-    federation
-        .apply(
-            &policies(),
-            federation.policy(
-                "orders",
-                json!([{"apiVersion": "example.com/v1", "kind": "MyDatabase", "name": "orders"}]),
-                json!({"clusterAffinity": {"clusterNames": ["west", "east"]},
-                       "replicaScheduling": {"type": "Divided", "divisionPreference": "Weighted"}}),
-                json!({}),
-            ),
-        )
-        .await?;
     let created = Instant::now();
-    federation
-        .apply(
-            &databases(),
-            json!({"apiVersion": "example.com/v1", "kind": "MyDatabase", "metadata": {"name": "orders"},
-                   "spec": {"replicas": 2, "version": "16", "storage": {"size": "1Gi"},
-                            "topology": {"acrossClusters": "ReplicaClusters"}}}),
-        )
-        .await?;
+    place_database(
+        &federation,
+        "orders",
+        ["west", "east"],
+        json!({"acrossClusters": "ReplicaClusters"}),
+    )
+    .await?;
     let west = federation.members["west"].clone();
     let east = federation.members["east"].clone();
     let hub_log = || format!("hub log: {}", federation.hub_log().display());
@@ -1509,26 +1529,13 @@ async fn the_hub_makes_the_other_clusters_replica_clusters_of_the_primary_cluste
         )
         .await?;
     let before = north_secrets.get("ledger-instance").await?.data;
-    federation
-        .apply(
-            &policies(),
-            federation.policy(
-                "ledger",
-                json!([{"apiVersion": "example.com/v1", "kind": "MyDatabase", "name": "ledger"}]),
-                json!({"clusterAffinity": {"clusterNames": ["west", "north"]},
-                       "replicaScheduling": {"type": "Divided", "divisionPreference": "Weighted"}}),
-                json!({}),
-            ),
-        )
-        .await?;
-    federation
-        .apply(
-            &databases(),
-            json!({"apiVersion": "example.com/v1", "kind": "MyDatabase", "metadata": {"name": "ledger"},
-                   "spec": {"replicas": 2, "version": "16", "storage": {"size": "1Gi"},
-                            "topology": {"primaryCluster": "west"}}}),
-        )
-        .await?;
+    place_database(
+        &federation,
+        "ledger",
+        ["west", "north"],
+        json!({"primaryCluster": "west"}),
+    )
+    .await?;
     let binding = federation
         .wait_row(
             "ledger-mydatabase",
