@@ -370,8 +370,9 @@ echo "== bulkhead rollout history deployment/checkout -n shop"
 rollout history || true
 
 # One database across zones (docs/mydatabase.md, "Replica clusters set up by the hub"):
-# ledger's primary cluster is east (first in its policy), west's copy is a replica
-# cluster streaming from it; a planned switchover then moves the primary to west.
+# ledger's primary cluster is east (first in its policy; on a re-run, wherever the last
+# run left it), west's copy is a replica cluster streaming from it; a planned switchover
+# then moves the primary to the other cluster.
 cat >"$lab_dir/demo-ledger.yaml" <<'YAML'
 apiVersion: federation.example.com/v1alpha1
 kind: PropagationPolicy
@@ -393,35 +394,42 @@ spec:
 YAML
 "$kubectl" --kubeconfig "$hub_kubeconfig" apply -f "$lab_dir/demo-ledger.yaml" >/dev/null
 ledger_hub() { "$kubectl" --kubeconfig "$hub_kubeconfig" -n shop get db ledger -o jsonpath="$1" 2>/dev/null; }
-ledger_reason() {
-  "$kubectl" --kubeconfig "$(e2e/lab kubeconfig "$1" --inside)" -n shop get db ledger \
-    -o jsonpath="{.status.conditions[?(@.type==\"$2\")].reason}" 2>/dev/null
+ledger_row() { ledger_hub "{.status.clusters[?(@.name==\"$1\")].$2}"; }
+ledger_primary() { ledger_hub '{.status.primaryCluster}'; }
+other_of() { [[ "$1" == east ]] && echo west || echo east; }
+# ledger_is_replica CLUSTER: the hub's status says the cluster runs as a replica cluster
+# of the recorded primary cluster, with its lag.
+ledger_is_replica() {
+  [[ -n "$(ledger_primary)" && "$(ledger_primary)" != "$1" && "$(ledger_row "$1" role)" == Replica \
+    && -n "$(ledger_row "$1" lagBytes)" ]]
 }
-ledger_streams_to() {
-  # ledger_streams_to REPLICA: the replica cluster runs, and the hub's status says so.
-  [[ "$(ledger_reason "$1" ReadOnly)" == ReplicaCluster ]] \
-    && ledger_hub '{.status.clusters[*].role}' | grep -q Replica
-}
+ledger_settled() { [[ -n "$(ledger_primary)" ]] && ledger_is_replica "$(other_of "$(ledger_primary)")"; }
 echo
-wait_until "ledger: east primary, west a replica cluster streaming from it" 180 ledger_streams_to west
-echo "== the hub's view: primary cluster $(ledger_hub '{.status.primaryCluster}')"
-ledger_hub '{range .status.clusters[*]}  {.name}: role {.role}, {.readyReplicas}/{.replicas} ready, lag {.lagBytes} bytes{"\n"}{end}'
-"$bulkhead" get bindings -n shop --kubeconfig "$hub_kubeconfig" | sed -n '/ledger-mydatabase/,/^shop\/[a-k]/p' | grep -v '^shop/[a-k]'
-echo "== a write in east (ledger-rw), read in west's replica cluster (ledger-r)"
-sql east ledger-rw "CREATE TABLE IF NOT EXISTS entries (id serial PRIMARY KEY, note text)"
-sql east ledger-rw "INSERT INTO entries (note) VALUES ('written in east')"
+wait_until "ledger: one primary cluster, the other a replica cluster streaming from it" 180 ledger_settled
+from="$(ledger_primary)"
+to="$(other_of "$from")"
+echo "== the hub's view: primary cluster $from"
+for cluster in east west; do
+  lag="$(ledger_row "$cluster" lagBytes)"
+  printf '  %s: role %s, %s/%s ready%s\n' "$cluster" "$(ledger_row "$cluster" role)" \
+    "$(ledger_row "$cluster" readyReplicas)" "$(ledger_row "$cluster" replicas)" "${lag:+, $lag bytes behind}"
+done
+"$bulkhead" get bindings -n shop --kubeconfig "$hub_kubeconfig" | awk '/^shop\//{on = /^shop\/ledger-mydatabase/} on'
+echo "== a write in $from (ledger-rw), read in $to's replica cluster (ledger-r)"
+sql "$from" ledger-rw "CREATE TABLE IF NOT EXISTS entries (id serial PRIMARY KEY, note text)"
+sql "$from" ledger-rw "INSERT INTO entries (note) VALUES ('written in $from')"
 sleep 1
-sql west ledger-r "SELECT id, note FROM entries ORDER BY id"
-echo "== west refuses writes in the server: it is a replica cluster"
-sql west ledger-r "SET default_transaction_read_only = off; INSERT INTO entries (note) VALUES ('written in west')"
+sql "$to" ledger-r "SELECT id, note FROM entries ORDER BY id"
+echo "== $to refuses writes in the server: it is a replica cluster"
+sql "$to" ledger-r "SET default_transaction_read_only = off; INSERT INTO entries (note) VALUES ('written in $to')"
 echo
-echo "== bulkhead switchover db/ledger --to west -n shop"
-"$bulkhead" switchover db/ledger --to west -n shop --kubeconfig "$hub_kubeconfig" || true
-wait_until "east follows west" 60 ledger_streams_to east
-echo "== a write in west now (ledger-rw), read in east, a replica cluster of west"
-sql west ledger-rw "INSERT INTO entries (note) VALUES ('written in west after the switchover')"
+echo "== bulkhead switchover db/ledger --to $to -n shop"
+"$bulkhead" switchover db/ledger --to "$to" -n shop --kubeconfig "$hub_kubeconfig" || true
+wait_until "$from follows $to" 60 ledger_is_replica "$from"
+echo "== a write in $to now (ledger-rw), read in $from, a replica cluster of $to"
+sql "$to" ledger-rw "INSERT INTO entries (note) VALUES ('written in $to after the switchover')"
 sleep 1
-sql east ledger-r "SELECT id, note FROM entries ORDER BY id"
+sql "$from" ledger-r "SELECT id, note FROM entries ORDER BY id"
 
 echo
 e2e/lab status
