@@ -267,7 +267,12 @@ pub fn switchover<'a>(
     copy: &dyn Fn(&str) -> Option<&'a DynamicObject>,
     not_ready: &dyn Fn(&str) -> Option<String>,
 ) -> Switchover {
-    let started = copy(primary).and_then(|c| annotation(c, ANNOTATION_SWITCHOVER_TO));
+    // The mark on the primary cluster's own copy. Once the new primary cluster is
+    // recorded its copy still carries the mark until the hub applies it again: a mark
+    // naming the primary cluster itself is a switchover that is over.
+    let started = copy(primary)
+        .and_then(|c| annotation(c, ANNOTATION_SWITCHOVER_TO))
+        .filter(|to| *to != primary);
     let wanted = template["spec"]["topology"]["primaryCluster"]
         .as_str()
         .filter(|w| *w != primary);
@@ -575,6 +580,23 @@ mod tests {
             stage(&asked, &east_demoted, &unmarked_primary, &ready),
             Switchover::Done { to: "west".into() },
             "a primary the switchover did not make is not its end"
+        );
+        // Recorded: west is the primary cluster, its copy still marked, and for a
+        // moment it reports no primary (an instance restarting). That is no switchover
+        // to west, which would make west's copy read-only.
+        let recorded = json!({"spec": {"topology": {"primaryCluster": "west"}},
+                              "status": {"primaryCluster": "west"}});
+        let mut restarting = replica_status("0/5000200");
+        restarting["instances"][0]["role"] = Value::Null;
+        let west_after = database_copy(3, &marked, restarting);
+        let copy = |cluster: &str| match cluster {
+            "east" => Some(&east_demoted),
+            "west" => Some(&west_after),
+            _ => None,
+        };
+        assert_eq!(
+            switchover(&recorded, "west", &targets, &copy, &ready),
+            Switchover::None
         );
         assert!(
             Switchover::CatchingUp {
