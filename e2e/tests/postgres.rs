@@ -147,6 +147,51 @@ async fn nothing_lost(
     Ok(())
 }
 
+/// Writes to the server at `address` (a new session each time, whatever the session sets:
+/// `default_transaction_read_only = off`; ids from 1000) until it refuses a write with
+/// SQLSTATE 25006 (within 30 s): when, and how many writes it accepted before.
+async fn write_until_refused(
+    address: Ipv4Addr,
+    credentials: &AppCredentials,
+    where_: &str,
+) -> Result<(Instant, i64)> {
+    let accepted = std::sync::atomic::AtomicI64::new(0);
+    let refused_at = wait_for(
+        &format!("the server refuses writes in {where_}"),
+        Duration::from_secs(30),
+        || {
+            let accepted = &accepted;
+            async move {
+                let session = match connect(address, credentials).await {
+                    Ok(s) => s,
+                    Err(e) => return Check::Waiting(format!("{e:#}")),
+                };
+                let id = 1000 + accepted.load(std::sync::atomic::Ordering::SeqCst);
+                match session
+                    .batch_execute(&format!(
+                        "SET default_transaction_read_only = off; INSERT INTO orders VALUES ({id})"
+                    ))
+                    .await
+                {
+                    Err(e) if sqlstate(&e).as_deref() == Some(READ_ONLY) => {
+                        Check::Done(Instant::now())
+                    }
+                    Err(e) => Check::Waiting(e.to_string()),
+                    Ok(()) => {
+                        accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        Check::Waiting("the write was accepted".into())
+                    }
+                }
+            }
+        },
+    )
+    .await?;
+    Ok((
+        refused_at,
+        accepted.load(std::sync::atomic::Ordering::SeqCst),
+    ))
+}
+
 /// The reasons of the Events in `ns`.
 async fn event_reasons(client: &Client, ns: &str) -> Result<Vec<String>> {
     Ok(
@@ -377,43 +422,11 @@ async fn a_cut_off_zone_refuses_writes_in_the_server_and_keeps_serving_reads() -
     // gets 25006 whatever the session sets.
     // Until the lease runs out the zone still takes writes (each is acknowledged, and
     // counted).
-    let accepted = std::sync::atomic::AtomicI64::new(0);
-    let refused_at = wait_for(
-        "the server refuses writes inside the cut-off zone",
-        Duration::from_secs(30),
-        || {
-            let (credentials, accepted) = (credentials.clone(), &accepted);
-            async move {
-                let session = match connect(primary, &credentials).await {
-                    Ok(s) => s,
-                    Err(e) => return Check::Waiting(format!("{e:#}")),
-                };
-                let id = 1000 + accepted.load(std::sync::atomic::Ordering::SeqCst) as i32;
-                match session
-                    .batch_execute(&format!(
-                        "SET default_transaction_read_only = off; INSERT INTO orders VALUES ({id})"
-                    ))
-                    .await
-                {
-                    Err(e) if sqlstate(&e).as_deref() == Some(READ_ONLY) => {
-                        Check::Done(Instant::now())
-                    }
-                    Err(e) => Check::Waiting(e.to_string()),
-                    Ok(()) => {
-                        accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                        Check::Waiting("the write was accepted".into())
-                    }
-                }
-            }
-        },
-    )
-    .await
-    .with_context(|| format!("agent log:\n{}", agent.log_tail()))?;
-    let acknowledged = acknowledged + accepted.load(std::sync::atomic::Ordering::SeqCst);
-    eprintln!(
-        "{} writes accepted inside the zone before the fence",
-        accepted.load(std::sync::atomic::Ordering::SeqCst)
-    );
+    let (refused_at, accepted) = write_until_refused(primary, &credentials, "the cut-off zone")
+        .await
+        .with_context(|| format!("agent log:\n{}", agent.log_tail()))?;
+    let acknowledged = acknowledged + accepted;
+    eprintln!("{accepted} writes accepted inside the zone before the fence");
     let refused_after = refused_at - cut_at;
     eprintln!(
         "writes refused by the server {refused_after:?} after the cut (lease {lease_seconds} s)"
@@ -1258,36 +1271,7 @@ async fn the_hub_makes_the_other_clusters_replica_clusters_of_the_primary_cluste
     // writes; east serves reads and promotes nothing.
     let partition = Partition::start(&federation.lab, "west")?;
     let cut_at = Instant::now();
-    let accepted = std::sync::atomic::AtomicI32::new(0);
-    let refused_at = wait_for(
-        "west's server refuses writes while cut off",
-        Duration::from_secs(30),
-        || {
-            let (credentials, accepted) = (credentials.clone(), &accepted);
-            async move {
-                let session = match connect(primary, &credentials).await {
-                    Ok(s) => s,
-                    Err(e) => return Check::Waiting(format!("{e:#}")),
-                };
-                let id = 1000 + accepted.load(std::sync::atomic::Ordering::SeqCst);
-                match session
-                    .execute("INSERT INTO orders VALUES ($1)", &[&id])
-                    .await
-                {
-                    Err(e) if sqlstate(&e).as_deref() == Some(READ_ONLY) => {
-                        Check::Done(Instant::now())
-                    }
-                    Err(e) => Check::Waiting(e.to_string()),
-                    Ok(_) => {
-                        accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                        Check::Waiting("the write was accepted".into())
-                    }
-                }
-            }
-        },
-    )
-    .await?;
-    let accepted = accepted.load(std::sync::atomic::Ordering::SeqCst);
+    let (refused_at, accepted) = write_until_refused(primary, &credentials, "west").await?;
     eprintln!(
         "the cut-off primary cluster refused writes {:?} after the cut (lease {LEASE_DURATION_SECONDS} s; {accepted} accepted before)",
         refused_at - cut_at
@@ -1320,7 +1304,7 @@ async fn the_hub_makes_the_other_clusters_replica_clusters_of_the_primary_cluste
         "west writable again {:?} after the heal",
         healed_at.elapsed()
     );
-    let rows = 30 + i64::from(accepted);
+    let rows = 30 + accepted;
     wait_rows_everywhere(&east, ns, "orders-r", &credentials, rows, 1).await?;
     eprintln!(
         "east caught up ({rows} rows) {:?} after the heal",

@@ -9,7 +9,7 @@ use serde_json::Value;
 use crate::api::mydatabase::{ClusterRole, DatabaseClusterStatus, DatabasePhase};
 use crate::api::resource_binding::{ClusterPlacementStatus, PlacementHealth};
 use crate::api::{ConditionStatus, MyDatabaseStatus, new_condition, set_condition};
-use crate::hub::federation::replica_clusters::lag_bytes;
+use crate::hub::federation::replica_clusters::{lag_bytes, runs_as_replica_cluster};
 
 /// What the hub knows about one member copy of a template.
 #[derive(Clone, Debug, Default)]
@@ -104,22 +104,6 @@ fn copy_read_only(observation: &CopyObservation) -> bool {
                 .any(|c| c["type"] == "ReadOnly" && c["status"] == "True")
         })
         || copy_phase(observation) == Some(DatabasePhase::ReadOnly)
-}
-
-/// The copy's agent runs it as a replica cluster (condition `ReadOnly`, reason
-/// `ReplicaCluster`).
-fn replica_cluster(observation: &CopyObservation) -> bool {
-    observation
-        .status
-        .as_ref()
-        .and_then(|s| s["conditions"].as_array())
-        .is_some_and(|conditions| {
-            conditions.iter().any(|c| {
-                c["type"] == "ReadOnly"
-                    && c["status"] == "True"
-                    && c["reason"] == crate::api::mydatabase::REASON_REPLICA_CLUSTER
-            })
-        })
 }
 
 /// One placement's health for the binding.
@@ -452,7 +436,9 @@ pub fn mydatabase_status(
     // cluster holding a database of its own) is not, whatever the hub wants.
     let role = |o: &CopyObservation| match primary_cluster {
         Some(primary) if primary == o.cluster => Some(ClusterRole::Primary),
-        Some(_) if replica_cluster(o) => Some(ClusterRole::Replica),
+        Some(_) if o.status.as_ref().is_some_and(runs_as_replica_cluster) => {
+            Some(ClusterRole::Replica)
+        }
         _ => None,
     };
     let clusters: Vec<DatabaseClusterStatus> = {

@@ -244,17 +244,16 @@ fn last_position(copy: &DynamicObject) -> Option<u64> {
         .max()
 }
 
-/// The copy runs as a replica cluster (its agent says so).
-fn replica_cluster(copy: &DynamicObject) -> bool {
-    copy.data["status"]["conditions"]
-        .as_array()
-        .is_some_and(|conditions| {
-            conditions.iter().any(|c| {
-                c["type"] == "ReadOnly"
-                    && c["status"] == "True"
-                    && c["reason"] == crate::api::mydatabase::REASON_REPLICA_CLUSTER
-            })
+/// A member copy's status says its agent runs it as a replica cluster (condition
+/// `ReadOnly`, reason `ReplicaCluster`).
+pub fn runs_as_replica_cluster(status: &Value) -> bool {
+    status["conditions"].as_array().is_some_and(|conditions| {
+        conditions.iter().any(|c| {
+            c["type"] == "ReadOnly"
+                && c["status"] == "True"
+                && c["reason"] == crate::api::mydatabase::REASON_REPLICA_CLUSTER
         })
+    })
 }
 
 /// Where the switchover of a database whose recorded primary cluster is `primary`
@@ -297,7 +296,9 @@ pub fn switchover<'a>(
             })
         }) {
             Some(why)
-        } else if !copy(&to).is_some_and(|c| replica_cluster(c) && last_position(c).is_some()) {
+        } else if !copy(&to).is_some_and(|c| {
+            runs_as_replica_cluster(&c.data["status"]) && last_position(c).is_some()
+        }) {
             Some(format!(
                 "{to}'s copy does not run as a streaming replica cluster yet"
             ))

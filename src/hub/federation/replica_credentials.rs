@@ -127,11 +127,12 @@ fn policy_order(context: &Context, desired: &DesiredBinding) -> Vec<String> {
         return vec![];
     };
     let (policies, cluster_policies) = context.policies();
-    let placement = if reference.kind == "ClusterPropagationPolicy" {
+    let affinity = if reference.kind == "ClusterPropagationPolicy" {
         cluster_policies
             .iter()
             .find(|p| p.metadata.name.as_deref() == Some(reference.name.as_str()))
-            .map(|p| p.spec.placement.clone())
+            .and_then(|p| p.spec.placement.cluster_affinity.as_ref())
+            .map(|a| a.cluster_names.clone())
     } else {
         policies
             .iter()
@@ -139,12 +140,10 @@ fn policy_order(context: &Context, desired: &DesiredBinding) -> Vec<String> {
                 p.metadata.name.as_deref() == Some(reference.name.as_str())
                     && p.metadata.namespace == reference.namespace
             })
-            .map(|p| p.spec.placement.clone())
+            .and_then(|p| p.spec.placement.cluster_affinity.as_ref())
+            .map(|a| a.cluster_names.clone())
     };
-    placement
-        .and_then(|p| p.cluster_affinity)
-        .map(|a| a.cluster_names)
-        .unwrap_or_default()
+    affinity.unwrap_or_default()
 }
 
 /// For every replica cluster: its Secrets hold the primary cluster's (Ok), or why not.
