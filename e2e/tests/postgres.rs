@@ -1478,7 +1478,23 @@ async fn the_hub_makes_the_other_clusters_replica_clusters_of_the_primary_cluste
     );
     let back = Instant::now();
     let moved = cli("west")?;
-    assert!(moved.status.success(), "bulkhead switchover --to west");
+    if !moved.status.success() {
+        // What each copy reported, for the failure report: the stage the hub waits in
+        // is read from these.
+        let mut statuses = String::new();
+        for cluster in ["east", "west"] {
+            let copy = federation.api(cluster, &databases()).get("orders").await?;
+            statuses.push_str(&format!(
+                "\n{cluster}: annotations {:?}\n  status {}",
+                copy.metadata.annotations.unwrap_or_default(),
+                copy.data["status"]
+            ));
+        }
+        panic!(
+            "bulkhead switchover --to west failed; {}{statuses}",
+            hub_log()
+        );
+    }
     eprintln!(
         "switched back to west with `bulkhead switchover` in {:?}",
         back.elapsed()
