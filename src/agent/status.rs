@@ -251,6 +251,7 @@ pub fn compute_status(observed: &Observed) -> MyDatabaseStatus {
         phase: Some(phase),
         // Recorded by the hub on its template, never in a member.
         primary_cluster: None,
+        aborted_switchover: None,
         replicas: counts.current,
         ready_replicas: counts.ready,
         // Before the StatefulSet controller has seen the spec just applied, its counts are

@@ -52,6 +52,13 @@ pub const ANNOTATION_PRIMARY_CLUSTER: &str = "federation.example.com/primary-clu
 /// Annotation on the copies of a hub MyDatabase while the hub moves its primary to
 /// another cluster (a switchover): the cluster it moves to.
 pub const ANNOTATION_SWITCHOVER_TO: &str = "federation.example.com/switchover-to";
+/// Annotation on the old primary cluster's copy during a switchover: when the hub started
+/// it (RFC 3339). A switchover that has not promoted the new primary cluster by the
+/// deadline is aborted from it.
+pub const ANNOTATION_SWITCHOVER_STARTED: &str = "federation.example.com/switchover-started";
+/// Annotation on the new primary cluster's copy once the hub told it to promote (the old
+/// primary cluster's name): from then on the switchover only goes forward.
+pub const ANNOTATION_SWITCHOVER_PROMOTED: &str = "federation.example.com/switchover-promoted";
 /// Label naming the template a member copy belongs to: a hash of `<namespace>.<name>`
 /// (always a valid label value); the annotation of the same key holds the full name.
 pub const LABEL_BINDING: &str = "federation.example.com/binding";

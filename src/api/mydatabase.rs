@@ -315,6 +315,12 @@ pub struct MyDatabaseStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub primary_cluster: Option<String>,
 
+    /// On the hub, with replica clusters: the last switchover the hub gave up (the old
+    /// primary cluster took writes again). The hub does not try a switchover to the same
+    /// cluster again until it is asked anew (`bulkhead switchover` clears this record).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aborted_switchover: Option<AbortedSwitchover>,
+
     /// In a member: the instance (pod) the agent made primary. Recorded before the
     /// instance is promoted, so a restarted agent or an old primary finds the decision.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -336,6 +342,21 @@ pub struct MyDatabaseStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub instances: Vec<DatabaseInstanceStatus>,
+}
+
+/// A switchover the hub gave up: it had not promoted the new primary cluster by the
+/// deadline, and the old primary cluster takes writes again.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct AbortedSwitchover {
+    /// The primary cluster, which keeps the primary.
+    pub from: String,
+    /// The cluster the primary was to move to.
+    pub to: String,
+    /// When the hub gave it up (RFC 3339).
+    pub time: String,
+    /// Where it stood and why it did not go on.
+    pub message: String,
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -420,10 +420,12 @@ fn start_watches(client: &Client, kinds: &Kinds, cluster: &str) -> (ClusterCopie
 }
 
 /// Metadata the hub reads on its copies.
-const COPY_ANNOTATIONS: [&str; 6] = [
+const COPY_ANNOTATIONS: [&str; 8] = [
     crate::api::ANNOTATION_APPLIED_HASH,
     crate::api::ANNOTATION_PRIMARY_CLUSTER,
     crate::api::ANNOTATION_SWITCHOVER_TO,
+    crate::api::ANNOTATION_SWITCHOVER_STARTED,
+    crate::api::ANNOTATION_SWITCHOVER_PROMOTED,
     crate::api::LABEL_BINDING,
     crate::api::ANNOTATION_TEMPLATE_DELETED,
     crate::api::rollout::ANNOTATION_REVISION,
