@@ -157,6 +157,25 @@ pub async fn run(options: &SwitchoverOptions) -> Result<()> {
     if let Some(why) = refusal(&database, binding.as_ref(), &members.items, to) {
         bail!("switchover of {namespace}/{name} to {to} refused: {why}");
     }
+    if let Some(aborted) = database
+        .status
+        .as_ref()
+        .and_then(|s| s.aborted_switchover.as_ref())
+    {
+        // Asked anew: the hub tries again once the record of the one it gave up is gone.
+        println!(
+            "{namespace}/{name}: the switchover to {} aborted at {} is asked for anew",
+            aborted.to, aborted.time
+        );
+        databases
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"status": {"abortedSwitchover": null}})),
+            )
+            .await
+            .context("clearing status.abortedSwitchover")?;
+    }
     databases
         .patch(
             name,
@@ -177,13 +196,19 @@ pub async fn run(options: &SwitchoverOptions) -> Result<()> {
     let bindings: Api<ResourceBinding> = Api::namespaced(client, namespace);
     let mut said = String::new();
     while started.elapsed() < deadline {
-        let database = databases.get(name).await?;
-        if database.status.and_then(|s| s.primary_cluster).as_deref() == Some(to) {
+        let status = databases.get(name).await?.status.unwrap_or_default();
+        if status.primary_cluster.as_deref() == Some(to) {
             println!(
                 "{namespace}/{name}: {to} holds the primary ({:.1} s)",
                 started.elapsed().as_secs_f64()
             );
             return Ok(());
+        }
+        if let Some(aborted) = status.aborted_switchover.filter(|a| a.to == to) {
+            bail!(
+                "{namespace}/{name}: {}; run this again to try once more",
+                aborted.message
+            );
         }
         let row = bindings
             .get_opt(&crate::hub::federation::scheduler::binding_name(

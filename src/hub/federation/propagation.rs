@@ -108,6 +108,9 @@ pub struct ReplicaClusters {
     pub credentials: BTreeMap<String, Result<(), String>>,
     /// Where a switchover of the primary cluster stands.
     pub switchover: crate::hub::federation::replica_clusters::Switchover,
+    /// When the switchover started (RFC 3339), recorded on the old primary cluster's copy
+    /// while it is on: the deadline counts from it.
+    pub switchover_started: Option<String>,
 }
 
 /// What a cluster's copy is built from during a rollout.
@@ -395,7 +398,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                     // writable copy anywhere.
                     plan.notes.insert(
                         cluster.clone(),
-                        "removed from the placement, but it holds the primary of the replica clusters: its copy stays until the primary moves to another cluster (a switchover)".into(),
+                        "removed from the placement, but it holds the primary of the replica clusters: its copy stays while the hub moves the primary to another placed cluster (a switchover; see the MyDatabase status)".into(),
                     );
                     plan.pending_cleanup.push(cluster);
                     continue;
@@ -480,12 +483,19 @@ fn replica_copy(
             desired["spec"]["readOnly"] = Value::Bool(true);
             desired["metadata"]["annotations"][crate::api::ANNOTATION_SWITCHOVER_TO] =
                 Value::String(to.to_string());
+            if let Some(started) = &setup.switchover_started {
+                desired["metadata"]["annotations"][crate::api::ANNOTATION_SWITCHOVER_STARTED] =
+                    Value::String(started.clone());
+            }
         }
         None
     } else if Some(cluster) == moving_to && setup.switchover.promotes() {
-        // It has all of the old primary's WAL: promoted, streaming from nothing.
+        // It has all of the old primary's WAL: promoted, streaming from nothing, and
+        // marked so (the switchover only goes forward from here).
         desired["metadata"]["annotations"][crate::api::ANNOTATION_SWITCHOVER_TO] =
             Value::String(cluster.to_string());
+        desired["metadata"]["annotations"][crate::api::ANNOTATION_SWITCHOVER_PROMOTED] =
+            Value::String(primary.to_string());
         None
     } else {
         if Some(cluster) == moving_to {
@@ -1185,6 +1195,7 @@ mod tests {
             primary: Ok(primary.into()),
             credentials: ready.iter().map(|c| (c.to_string(), Ok(()))).collect(),
             switchover: Switchover::None,
+            switchover_started: None,
         }
     }
 
@@ -1241,6 +1252,7 @@ mod tests {
             )]
             .into(),
             switchover: Switchover::None,
+            switchover_started: None,
         };
         let plan_refused = super::plan(&PlanInput {
             replica_clusters: Some(&refused),
@@ -1300,6 +1312,7 @@ mod tests {
         ] {
             let setup = ReplicaClusters {
                 switchover: stage.clone(),
+                switchover_started: Some("2026-12-06T12:00:00Z".into()),
                 ..replica_setup("east", &["west", "north"])
             };
             let plan = super::plan(&PlanInput {
@@ -1319,9 +1332,24 @@ mod tests {
                     .clone()
             };
             assert_eq!(copy("east")["spec"]["readOnly"], true, "{stage:?}");
+            let annotation =
+                |cluster: &str, key: &str| copy(cluster)["metadata"]["annotations"][key].clone();
             assert_eq!(switchover_to("east"), "west");
             assert_eq!(switchover_to("west"), "west");
             assert_eq!(switchover_to("north"), Value::Null);
+            assert_eq!(
+                annotation("east", crate::api::ANNOTATION_SWITCHOVER_STARTED),
+                "2026-12-06T12:00:00Z"
+            );
+            assert_eq!(
+                annotation("west", crate::api::ANNOTATION_SWITCHOVER_PROMOTED),
+                if west_streams {
+                    Value::Null
+                } else {
+                    json!("east")
+                },
+                "{stage:?}"
+            );
             assert_eq!(
                 copy("west")["spec"]["topology"]["replicaOf"].is_object(),
                 west_streams,
@@ -1350,6 +1378,7 @@ mod tests {
             primary: Err("spec.topology.primaryCluster names south".into()),
             credentials: BTreeMap::new(),
             switchover: Switchover::None,
+            switchover_started: None,
         };
         let members = [member("east", None), member("west", None)];
         let plan = super::plan(&PlanInput {

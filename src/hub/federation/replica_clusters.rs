@@ -14,7 +14,17 @@ use serde_json::Value;
 use crate::api::instance::parse_lsn;
 use crate::api::mydatabase::ReplicaSource;
 use crate::api::resource_binding::TargetCluster;
-use crate::api::{ANNOTATION_PRIMARY_CLUSTER, ANNOTATION_SWITCHOVER_TO};
+use crate::api::{
+    ANNOTATION_PRIMARY_CLUSTER, ANNOTATION_SWITCHOVER_PROMOTED, ANNOTATION_SWITCHOVER_STARTED,
+    ANNOTATION_SWITCHOVER_TO,
+};
+
+/// How long a switchover may take to promote the new primary cluster (demoting the old
+/// one and catching up with its last WAL position) before the hub gives it up and the
+/// old primary cluster takes writes again. Past this point nothing was promoted, so
+/// giving up is safe; once the hub has told the new primary cluster to promote, the
+/// switchover only goes forward.
+pub const SWITCHOVER_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// A hub MyDatabase (as JSON) asks for replica clusters, or has a recorded primary
 /// cluster (which keeps its copies replica clusters).
@@ -79,17 +89,7 @@ pub fn primary_cluster<'a>(
             }
         ));
     }
-    let mut ranked = placed;
-    ranked.sort_by_key(|cluster| {
-        (
-            order
-                .iter()
-                .position(|o| o == cluster)
-                .unwrap_or(usize::MAX),
-            *cluster,
-        )
-    });
-    Ok(ranked.first().map(|c| c.to_string()))
+    Ok(first_in_order(placed, order))
 }
 
 /// Where the other clusters reach a copy's primary, as its agent published it
@@ -149,6 +149,10 @@ pub enum Switchover {
     /// The new primary cluster runs a primary: the hub records it as the primary cluster,
     /// and the old one follows it.
     Done { to: String },
+    /// Not promoted by [`SWITCHOVER_DEADLINE`]: given up, where it stood in `why`. The
+    /// hub records it in the template's `status.abortedSwitchover`, then the old primary
+    /// cluster's copy loses `readOnly` and takes writes again.
+    Aborting { to: String, why: String },
 }
 
 impl Switchover {
@@ -159,14 +163,14 @@ impl Switchover {
             | Switchover::CatchingUp { to, .. }
             | Switchover::Promoting { to }
             | Switchover::Done { to } => Some(to),
-            Switchover::None | Switchover::Waiting { .. } => None,
+            Switchover::None | Switchover::Waiting { .. } | Switchover::Aborting { .. } => None,
         }
     }
 
     /// The cluster a switchover is asked to, started or not.
     pub fn target(&self) -> Option<&str> {
         match self {
-            Switchover::Waiting { to, .. } => Some(to),
+            Switchover::Waiting { to, .. } | Switchover::Aborting { to, .. } => Some(to),
             other => other.started_to(),
         }
     }
@@ -198,6 +202,10 @@ impl Switchover {
             Switchover::Done { to } => {
                 format!("switchover from {from} to {to}: {to} runs the primary; recording it")
             }
+            Switchover::Aborting { to, why } => format!(
+                "switchover from {from} to {to} aborted after {} s, nothing promoted ({why}); {from} takes writes again",
+                SWITCHOVER_DEADLINE.as_secs()
+            ),
         })
     }
 }
@@ -257,14 +265,16 @@ pub fn runs_as_replica_cluster(status: &Value) -> bool {
 }
 
 /// Where the switchover of a database whose recorded primary cluster is `primary`
-/// stands. `copy` finds a cluster's copy as last seen; `not_ready` says why a cluster
-/// is not Ready (None: it is).
+/// stands at `now`. `copy` finds a cluster's copy as last seen; `not_ready` says why a
+/// cluster is not Ready (None: it is).
 pub fn switchover<'a>(
     template: &Value,
     primary: &str,
     targets: &[TargetCluster],
     copy: &dyn Fn(&str) -> Option<&'a DynamicObject>,
     not_ready: &dyn Fn(&str) -> Option<String>,
+    order: &[String],
+    now: jiff::Timestamp,
 ) -> Switchover {
     // The mark on the primary cluster's own copy. Once the new primary cluster is
     // recorded its copy still carries the mark until the hub applies it again: a mark
@@ -272,51 +282,145 @@ pub fn switchover<'a>(
     let started = copy(primary)
         .and_then(|c| annotation(c, ANNOTATION_SWITCHOVER_TO))
         .filter(|to| *to != primary);
-    let wanted = template["spec"]["topology"]["primaryCluster"]
-        .as_str()
-        .filter(|w| *w != primary);
-    let Some(to) = started.or(wanted).map(str::to_string) else {
+    let wanted = wanted_cluster(template, primary, targets, order);
+    let Some(to) = started.map(str::to_string).or(wanted) else {
         return Switchover::None;
     };
     if started.is_none() {
-        // Not started: every condition first, nothing is changed until they hold.
-        let placed: Vec<&str> = targets
-            .iter()
-            .filter(|t| t.replicas > 0)
-            .map(|t| t.name.as_str())
-            .collect();
-        let why = if !placed.contains(&to.as_str()) {
-            Some(format!(
-                "{to} is not in the placement ({}); place the database there first",
-                placed.join(", ")
-            ))
-        } else if let Some(why) = placed.iter().find_map(|c| {
-            not_ready(c).map(|why| {
-                format!("{c} is not Ready ({why}); every cluster of the placement must be")
-            })
-        }) {
-            Some(why)
-        } else if !copy(&to).is_some_and(|c| {
-            runs_as_replica_cluster(&c.data["status"]) && last_position(c).is_some()
-        }) {
-            Some(format!(
-                "{to}'s copy does not run as a streaming replica cluster yet"
-            ))
-        } else if !copy(primary).is_some_and(runs_a_primary) {
-            Some(format!("{primary} runs no primary to switch over from"))
-        } else {
-            None
-        };
-        return match why {
+        return match not_started(template, primary, &to, targets, copy, not_ready) {
             Some(why) => Switchover::Waiting { to, why },
             None => Switchover::Demoting { to },
         };
     }
+    let stage = started_stage(primary, to, copy);
+    let (Switchover::Demoting { to } | Switchover::CatchingUp { to, .. }) = &stage else {
+        return stage;
+    };
+    // Nothing promoted yet: past the deadline the switchover is given up.
+    let since = copy(primary)
+        .and_then(|c| annotation(c, ANNOTATION_SWITCHOVER_STARTED))
+        .and_then(|t| t.parse::<jiff::Timestamp>().ok());
+    let deadline = jiff::SignedDuration::try_from(SWITCHOVER_DEADLINE).unwrap_or_default();
+    match since {
+        Some(since) if now.duration_since(since) >= deadline => Switchover::Aborting {
+            to: to.clone(),
+            why: stage
+                .describe(primary)
+                .unwrap_or_default()
+                .trim_start_matches(&format!("switchover from {primary} to {to}: "))
+                .to_string(),
+        },
+        _ => stage,
+    }
+}
+
+/// The cluster the primary is asked to move to: `spec.topology.primaryCluster` when it
+/// names another cluster; when it is unset and the placement no longer includes the
+/// primary cluster, the first other placed cluster in `order`, then by name (the primary
+/// moves before its cluster's copy is removed). None: it stays.
+fn wanted_cluster(
+    template: &Value,
+    primary: &str,
+    targets: &[TargetCluster],
+    order: &[String],
+) -> Option<String> {
+    if let Some(named) = template["spec"]["topology"]["primaryCluster"].as_str() {
+        return (named != primary).then(|| named.to_string());
+    }
+    let placed = |name: &str| targets.iter().any(|t| t.name == name && t.replicas > 0);
+    if placed(primary) {
+        return None;
+    }
+    first_in_order(
+        targets
+            .iter()
+            .filter(|t| t.replicas > 0)
+            .map(|t| t.name.as_str())
+            .collect(),
+        order,
+    )
+}
+
+/// The first of `clusters` in `order` (the policy's `clusterAffinity.clusterNames`), the
+/// others by name.
+fn first_in_order(mut clusters: Vec<&str>, order: &[String]) -> Option<String> {
+    clusters.sort_by_key(|cluster| {
+        (
+            order
+                .iter()
+                .position(|o| o == cluster)
+                .unwrap_or(usize::MAX),
+            *cluster,
+        )
+    });
+    clusters.first().map(|c| c.to_string())
+}
+
+/// Why a switchover to `to` that has not started may not start now; None: it may.
+fn not_started<'a>(
+    template: &Value,
+    primary: &str,
+    to: &str,
+    targets: &[TargetCluster],
+    copy: &dyn Fn(&str) -> Option<&'a DynamicObject>,
+    not_ready: &dyn Fn(&str) -> Option<String>,
+) -> Option<String> {
+    // Nothing is changed until every condition holds.
+    let aborted = &template["status"]["abortedSwitchover"];
+    if aborted["to"] == to && aborted["from"] == primary {
+        return Some(format!(
+            "the switchover to {to} was aborted at {} ({}); ask again with `bulkhead switchover`, or set spec.topology.primaryCluster to {primary}",
+            aborted["time"].as_str().unwrap_or_default(),
+            aborted["message"].as_str().unwrap_or_default(),
+        ));
+    }
+    let placed: Vec<&str> = targets
+        .iter()
+        .filter(|t| t.replicas > 0)
+        .map(|t| t.name.as_str())
+        .collect();
+    if !placed.contains(&to) {
+        return Some(format!(
+            "{to} is not in the placement ({}); place the database there first",
+            placed.join(", ")
+        ));
+    }
+    if let Some(why) = placed.iter().find_map(|c| {
+        not_ready(c)
+            .map(|why| format!("{c} is not Ready ({why}); every cluster of the placement must be"))
+    }) {
+        return Some(why);
+    }
+    if !copy(to)
+        .is_some_and(|c| runs_as_replica_cluster(&c.data["status"]) && last_position(c).is_some())
+    {
+        return Some(format!(
+            "{to}'s copy does not run as a streaming replica cluster yet"
+        ));
+    }
+    if !copy(primary).is_some_and(runs_a_primary) {
+        return Some(format!("{primary} runs no primary to switch over from"));
+    }
+    None
+}
+
+/// The stage of a started switchover from `primary` to `to`, from the copies.
+fn started_stage<'a>(
+    primary: &str,
+    to: String,
+    copy: &dyn Fn(&str) -> Option<&'a DynamicObject>,
+) -> Switchover {
     let Some(target) = copy(&to) else {
         return Switchover::Demoting { to };
     };
-    if annotation(target, ANNOTATION_SWITCHOVER_TO) == Some(to.as_str()) && runs_a_primary(target) {
+    let marked = annotation(target, ANNOTATION_SWITCHOVER_TO) == Some(to.as_str());
+    if marked && runs_a_primary(target) {
         return Switchover::Done { to };
+    }
+    if marked && annotation(target, ANNOTATION_SWITCHOVER_PROMOTED) == Some(primary) {
+        // Told to promote: whatever its status shows for a moment (an instance
+        // restarting), it is never told to stream from the old primary again.
+        return Switchover::Promoting { to };
     }
     let Some(old) = copy(primary).filter(|c| demoted(c)) else {
         return Switchover::Demoting { to };
@@ -513,7 +617,7 @@ mod tests {
                 "west" => Some(west),
                 _ => None,
             };
-            switchover(template, "east", &targets, &copy, not_ready)
+            switchover(template, "east", &targets, &copy, not_ready, &[], now())
         };
         let steady = json!({"spec": {"topology": {"primaryCluster": "east"}},
                             "status": {"primaryCluster": "east"}});
@@ -596,7 +700,7 @@ mod tests {
             _ => None,
         };
         assert_eq!(
-            switchover(&recorded, "west", &targets, &copy, &ready),
+            switchover(&recorded, "west", &targets, &copy, &ready, &[], now()),
             Switchover::None
         );
         assert!(
@@ -607,6 +711,163 @@ mod tests {
             .describe("east")
             .unwrap()
             .contains("0/5000100")
+        );
+    }
+
+    /// A placement without the primary cluster moves the primary first, to the first
+    /// other placed cluster in the policy's order; a named primary cluster stays named.
+    #[test]
+    fn removing_the_primary_cluster_from_the_placement_asks_for_a_switchover() {
+        let order = ["north".to_string(), "west".to_string()];
+        let unset = json!({"spec": {"topology": {"acrossClusters": "ReplicaClusters"}},
+                           "status": {"primaryCluster": "east"}});
+        let all = [target("east", 1), target("west", 1), target("north", 1)];
+        assert_eq!(wanted_cluster(&unset, "east", &all, &order), None);
+        let without = [target("west", 1), target("north", 1)];
+        assert_eq!(
+            wanted_cluster(&unset, "east", &without, &order),
+            Some("north".into())
+        );
+        let emptied = [target("east", 0), target("west", 1), target("north", 0)];
+        assert_eq!(
+            wanted_cluster(&unset, "east", &emptied, &order),
+            Some("west".into())
+        );
+        assert_eq!(wanted_cluster(&unset, "east", &[], &order), None);
+        let pinned = json!({"spec": {"topology": {"primaryCluster": "east"}},
+                            "status": {"primaryCluster": "east"}});
+        assert_eq!(
+            wanted_cluster(&pinned, "east", &without, &order),
+            None,
+            "the field names the cluster that holds it: it stays (the binding says why)"
+        );
+        let east = database_copy(
+            1,
+            &[],
+            json!({"observedGeneration": 1, "primary": "orders-0",
+                   "instances": [{"name": "orders-0", "role": "Primary", "lsn": "0/5000000"}]}),
+        );
+        let north = database_copy(1, &[], replica_status("0/5000000"));
+        let copy = |cluster: &str| match cluster {
+            "east" => Some(&east),
+            "north" => Some(&north),
+            _ => None,
+        };
+        assert_eq!(
+            switchover(&unset, "east", &without, &copy, &|_| None, &order, now()),
+            Switchover::Demoting { to: "north".into() }
+        );
+    }
+
+    fn now() -> jiff::Timestamp {
+        "2026-12-06T12:00:00Z".parse().unwrap()
+    }
+
+    /// A switchover that has not promoted by the deadline is given up, and not tried
+    /// again until asked anew; one told to promote only goes forward.
+    #[test]
+    fn a_switchover_stuck_before_the_promotion_is_aborted_once_and_not_retried() {
+        let targets = [target("east", 1), target("west", 1)];
+        let asked = json!({"spec": {"topology": {"primaryCluster": "west"}},
+                           "status": {"primaryCluster": "east"}});
+        let demoted = json!({"observedGeneration": 2, "primary": "orders-0",
+            "instances": [{"name": "orders-0", "role": "Standby", "lsn": "0/5000100"}]});
+        let started_as = |at: &str, status: &Value| {
+            database_copy(
+                2,
+                &[
+                    (ANNOTATION_SWITCHOVER_TO, "west"),
+                    (ANNOTATION_SWITCHOVER_STARTED, at),
+                ],
+                status.clone(),
+            )
+        };
+        let started = |at: &str| started_as(at, &demoted);
+        let behind = database_copy(
+            2,
+            &[(ANNOTATION_SWITCHOVER_TO, "west")],
+            replica_status("0/5000000"),
+        );
+        let stage = |template: &Value, east: &DynamicObject, west: &DynamicObject| {
+            let copy = |cluster: &str| match cluster {
+                "east" => Some(east),
+                "west" => Some(west),
+                _ => None,
+            };
+            switchover(template, "east", &targets, &copy, &|_| None, &[], now())
+        };
+        let recent = started("2026-12-06T11:59:30Z");
+        assert!(matches!(
+            stage(&asked, &recent, &behind),
+            Switchover::CatchingUp { .. }
+        ));
+        let old = started("2026-12-06T11:58:59Z");
+        let Switchover::Aborting { to, why } = stage(&asked, &old, &behind) else {
+            panic!("a switchover catching up past the deadline is given up");
+        };
+        assert_eq!(to, "west");
+        assert!(why.starts_with("east refuses writes; waiting until west has received its last WAL position 0/5000100"), "{why}");
+        let described = Switchover::Aborting { to, why }.describe("east").unwrap();
+        assert!(
+            described.contains("aborted after 60 s, nothing promoted")
+                && described.ends_with("east takes writes again"),
+            "{described}"
+        );
+        // Still demoting past the deadline: given up too.
+        let mut still_primary = demoted.clone();
+        still_primary["instances"][0]["role"] = json!("Primary");
+        assert!(matches!(
+            stage(
+                &asked,
+                &started_as("2026-12-06T11:50:00Z", &still_primary),
+                &behind
+            ),
+            Switchover::Aborting { .. }
+        ));
+
+        // Caught up past the deadline: promoting is safe, and it goes on.
+        let caught_up = database_copy(
+            2,
+            &[(ANNOTATION_SWITCHOVER_TO, "west")],
+            replica_status("0/5000100"),
+        );
+        assert_eq!(
+            stage(&asked, &old, &caught_up),
+            Switchover::Promoting { to: "west".into() }
+        );
+        // Told to promote, its status showing no position for a moment: still promoting,
+        // never streaming from east again, never aborted.
+        let promoting = database_copy(
+            3,
+            &[
+                (ANNOTATION_SWITCHOVER_TO, "west"),
+                (ANNOTATION_SWITCHOVER_PROMOTED, "east"),
+            ],
+            json!({"observedGeneration": 2}),
+        );
+        assert_eq!(
+            stage(&asked, &old, &promoting),
+            Switchover::Promoting { to: "west".into() }
+        );
+
+        // Given up and recorded: not started again while the ask is the same.
+        let recorded = json!({"spec": {"topology": {"primaryCluster": "west"}},
+            "status": {"primaryCluster": "east", "abortedSwitchover": {"from": "east", "to": "west",
+                "time": "2026-12-06T12:00:00Z", "message": "west did not catch up"}}});
+        let east_primary = database_copy(
+            3,
+            &[],
+            json!({"observedGeneration": 3, "primary": "orders-0",
+                   "instances": [{"name": "orders-0", "role": "Primary", "lsn": "0/5000200"}]}),
+        );
+        let streaming = database_copy(2, &[], replica_status("0/5000200"));
+        assert!(matches!(stage(&recorded, &east_primary, &streaming),
+            Switchover::Waiting { why, .. } if why.contains("was aborted at 2026-12-06T12:00:00Z (west did not catch up)")
+                && why.contains("bulkhead switchover")));
+        assert_eq!(
+            stage(&asked, &east_primary, &streaming),
+            Switchover::Demoting { to: "west".into() },
+            "asked anew (the record cleared), it starts"
         );
     }
 

@@ -14,7 +14,9 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{ApiResource, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 
+use crate::api::mydatabase::AbortedSwitchover;
 use crate::api::resource_binding::TargetCluster;
+use crate::api::{ANNOTATION_SWITCHOVER_STARTED, ANNOTATION_SWITCHOVER_TO};
 use crate::error::{ApiErrorKind, classify};
 use crate::hub::federation::context::{Context, full_template};
 use crate::hub::federation::placement::ClusterView;
@@ -61,6 +63,7 @@ pub(super) async fn setup(
                 primary: Err(why),
                 credentials: BTreeMap::new(),
                 switchover: Switchover::None,
+                switchover_started: None,
             });
         }
     };
@@ -76,27 +79,93 @@ pub(super) async fn setup(
         }
         context.doubt(cluster)
     };
-    let mut switchover = switchover(&value, &primary, targets, &copy, &not_ready);
+    let now = jiff::Timestamp::now();
+    let mut switchover = switchover(&value, &primary, targets, &copy, &not_ready, &order, now);
     let mut primary = primary;
-    if let Switchover::Done { to } = &switchover {
-        // The new primary cluster runs its primary: recorded before anything follows it.
-        match record_primary_cluster(context, key, resource, template, to).await {
-            Ok(()) => {
-                tracing::info!(namespace = %key.namespace, name = %key.name, from = %primary, to = %to, "switchover done: the primary cluster is recorded");
-                primary = to.clone();
-                switchover = Switchover::None;
-            }
-            Err(error) => {
-                tracing::warn!(namespace = %key.namespace, name = %key.name, %error, "cannot record the new primary cluster; tried again");
+    match &switchover {
+        Switchover::Done { to } => {
+            // The new primary cluster runs its primary: recorded before anything follows it.
+            match record_primary_cluster(context, key, resource, template, to).await {
+                Ok(()) => {
+                    tracing::info!(namespace = %key.namespace, name = %key.name, from = %primary, to = %to, "switchover done: the primary cluster is recorded");
+                    primary = to.clone();
+                    switchover = Switchover::None;
+                }
+                Err(error) => {
+                    tracing::warn!(namespace = %key.namespace, name = %key.name, %error, "cannot record the new primary cluster; tried again");
+                }
             }
         }
+        Switchover::Aborting { to, .. } => {
+            // Recorded before the old primary cluster takes writes again: otherwise the
+            // next reconcile would start the same switchover at once.
+            let message = switchover.describe(&primary).unwrap_or_default();
+            if !aborted_recorded(&value, &primary, to) {
+                let record = AbortedSwitchover {
+                    from: primary.clone(),
+                    to: to.clone(),
+                    time: now.to_string(),
+                    message: message.clone(),
+                };
+                match patch_template_status(
+                    context,
+                    key,
+                    resource,
+                    template,
+                    serde_json::json!({"abortedSwitchover": record}),
+                )
+                .await
+                {
+                    Ok(()) => {
+                        tracing::warn!(namespace = %key.namespace, name = %key.name, %message, "switchover aborted");
+                    }
+                    Err(error) => {
+                        tracing::warn!(namespace = %key.namespace, name = %key.name, %error, "cannot record the aborted switchover; the old primary cluster stays read-only until it is");
+                        switchover = Switchover::Demoting { to: to.clone() };
+                    }
+                }
+            }
+        }
+        _ => {}
     }
+    let aborted_to = value["status"]["abortedSwitchover"]["to"].as_str();
+    if aborted_to.is_some()
+        && value["spec"]["topology"]["primaryCluster"].as_str() != aborted_to
+        && let Err(error) = patch_template_status(
+            context,
+            key,
+            resource,
+            template,
+            serde_json::json!({"abortedSwitchover": null}),
+        )
+        .await
+    {
+        tracing::warn!(namespace = %key.namespace, name = %key.name, %error, "cannot clear the aborted switchover's record; tried again");
+    }
+    let switchover_started = switchover.started_to().map(|to| {
+        copy(&primary)
+            .filter(|c| {
+                c.annotations()
+                    .get(ANNOTATION_SWITCHOVER_TO)
+                    .map(String::as_str)
+                    == Some(to)
+            })
+            .and_then(|c| c.annotations().get(ANNOTATION_SWITCHOVER_STARTED).cloned())
+            .unwrap_or_else(|| now.round(jiff::Unit::Second).unwrap_or(now).to_string())
+    });
     let credentials = copy_credentials(context, key, &primary, targets, views).await;
     Some(ReplicaClusters {
         primary: Ok(primary),
         credentials,
         switchover,
+        switchover_started,
     })
+}
+
+/// The template's status records this switchover as aborted already.
+fn aborted_recorded(template: &serde_json::Value, from: &str, to: &str) -> bool {
+    let aborted = &template["status"]["abortedSwitchover"];
+    aborted["from"] == from && aborted["to"] == to
 }
 
 /// Writes `status.primaryCluster` on the hub template, at once (not with the rest of the
@@ -108,12 +177,30 @@ async fn record_primary_cluster(
     template: &DynamicObject,
     cluster: &str,
 ) -> Result<(), kube::Error> {
+    patch_template_status(
+        context,
+        key,
+        resource,
+        template,
+        serde_json::json!({"primaryCluster": cluster}),
+    )
+    .await
+}
+
+/// Merges `fields` into the hub template's status at once, and remembers what was written.
+async fn patch_template_status(
+    context: &Context,
+    key: &ObjectKey,
+    resource: &ApiResource,
+    template: &DynamicObject,
+    fields: serde_json::Value,
+) -> Result<(), kube::Error> {
     let api = Api::<DynamicObject>::namespaced_with(context.hub.clone(), &key.namespace, resource);
     let written = api
         .patch_status(
             &template.name_any(),
             &PatchParams::default(),
-            &Patch::Merge(&serde_json::json!({"status": {"primaryCluster": cluster}})),
+            &Patch::Merge(&serde_json::json!({ "status": fields })),
         )
         .await?;
     context.count_write("template_status");
