@@ -101,6 +101,11 @@ struct State {
     follow_retry_at: Option<Instant>,
 }
 
+/// How long a demotion's fast shutdown waits for the replica clusters in other clusters
+/// to confirm its last WAL (a reachable one does in milliseconds) before it ends their
+/// WAL senders: one cut off would hold it until `wal_sender_timeout`.
+const EXTERNAL_SENDER_GRACE: Duration = Duration::from_secs(2);
+
 /// How long an old primary that could not follow its upstream waits before it tries
 /// again (it runs as a hot standby of what it has meanwhile).
 const FOLLOW_RETRY: Duration = Duration::from_secs(15);
@@ -455,31 +460,33 @@ impl Instance {
                     s.ready = false;
                     s.message = format!("demoting: {why}");
                 });
-                match tokio::time::timeout(
+                let senders = match tokio::time::timeout(
                     Duration::from_secs(2),
-                    Server::end_external_senders(&client),
+                    Server::external_senders(&client),
                 )
                 .await
                 {
-                    Ok(Ok(0)) => {}
-                    Ok(Ok(ended)) => {
-                        tracing::info!(
-                            ended,
-                            "ended the replica clusters' WAL senders before the shutdown"
-                        );
-                    }
+                    Ok(Ok(senders)) => senders,
                     Ok(Err(error)) => {
-                        tracing::warn!(error = %format!("{error:#}"), "cannot end the replica clusters' WAL senders; the shutdown may wait for them");
+                        tracing::warn!(error = %format!("{error:#}"), "cannot list the replica clusters' WAL senders; the shutdown may wait for them");
+                        vec![]
                     }
                     Err(_) => {
                         tracing::warn!(
-                            "ending the replica clusters' WAL senders took over 2 s; the shutdown may wait for them"
+                            "listing the replica clusters' WAL senders took over 2 s; the shutdown may wait for them"
                         );
+                        vec![]
                     }
-                }
+                };
                 drop(client);
                 if let Some(mut stopped) = child.take() {
-                    Server::stop(&mut stopped, Duration::from_secs(30)).await?;
+                    Server::stop_ending(
+                        &mut stopped,
+                        &senders,
+                        EXTERNAL_SENDER_GRACE,
+                        Duration::from_secs(30),
+                    )
+                    .await?;
                 }
                 if let Some(upstream) = &wanted.upstream
                     && !self.try_follow(upstream).await

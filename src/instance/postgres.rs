@@ -423,13 +423,46 @@ impl Server {
     /// Stops a running `postgres` with a fast shutdown (every session ended, nothing
     /// lost), waiting up to `timeout`, then kills it.
     pub async fn stop(child: &mut Child, timeout: Duration) -> Result<()> {
+        Self::stop_ending(child, &[], Duration::ZERO, timeout).await
+    }
+
+    /// A fast shutdown that ends the WAL senders `senders` (PIDs) if the server has not
+    /// exited within `grace`. A fast shutdown sends the shutdown checkpoint to every
+    /// connected standby and waits for them to confirm it: a replica cluster that is
+    /// reachable gets every last record from the server it streams from (a switchover
+    /// waits for exactly that position), while one that is cut off would hold the
+    /// shutdown (and a demotion) until `wal_sender_timeout`.
+    pub async fn stop_ending(
+        child: &mut Child,
+        senders: &[i32],
+        grace: Duration,
+        timeout: Duration,
+    ) -> Result<()> {
         if let Some(pid) = child.id() {
             // SIGINT: PostgreSQL's fast shutdown.
             unsafe {
                 libc::kill(pid as i32, libc::SIGINT);
             }
         }
-        match tokio::time::timeout(timeout, child.wait()).await {
+        let started = std::time::Instant::now();
+        if !senders.is_empty() {
+            if let Ok(status) = tokio::time::timeout(grace, child.wait()).await {
+                status?;
+                return Ok(());
+            }
+            for pid in senders {
+                // SIGTERM ends a WAL sender; the postmaster then finishes the shutdown.
+                unsafe {
+                    libc::kill(*pid, libc::SIGTERM);
+                }
+            }
+            tracing::warn!(
+                ?senders,
+                grace_seconds = grace.as_secs_f64(),
+                "the shutdown waited for replica clusters' WAL senders past the grace; ended them"
+            );
+        }
+        match tokio::time::timeout(timeout.saturating_sub(started.elapsed()), child.wait()).await {
             Ok(status) => {
                 status?;
             }
@@ -528,20 +561,18 @@ impl Server {
         })
     }
 
-    /// Ends the WAL senders of replica clusters in other clusters (application name
-    /// [`EXTERNAL_APPLICATION_NAME`]); how many. A fast shutdown waits until every WAL
-    /// sender has sent the shutdown checkpoint, and one whose cluster is cut off would
-    /// hold the shutdown (and a demotion) until `wal_sender_timeout`; the replica cluster
-    /// gets the rest from the demoted server, a hot standby, when it connects again.
-    pub async fn end_external_senders(client: &tokio_postgres::Client) -> Result<i64> {
+    /// The PIDs of the WAL senders of replica clusters in other clusters (application
+    /// name [`EXTERNAL_APPLICATION_NAME`]), for [`Server::stop_ending`].
+    pub async fn external_senders(client: &tokio_postgres::Client) -> Result<Vec<i32>> {
         Ok(client
-            .query_one(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_replication
-                 WHERE application_name = $1",
+            .query(
+                "SELECT pid FROM pg_stat_replication WHERE application_name = $1",
                 &[&EXTERNAL_APPLICATION_NAME],
             )
             .await?
-            .get(0))
+            .iter()
+            .map(|row| row.get(0))
+            .collect())
     }
 
     /// `pg_promote()`: the standby becomes a primary without a restart.
