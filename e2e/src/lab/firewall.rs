@@ -57,46 +57,64 @@ pub fn is_partitioned(cluster: &str) -> Result<bool> {
 }
 
 /// Cuts `cluster`'s external address and port off, and the outside addresses of its
-/// database pods (`pods`, a range: every port); a no-op when already cut.
+/// database pods (`pods`, a range: every port); rules already in place are kept.
 pub fn partition(cluster: &str, address: Ipv4Addr, port: u16, pods: &str) -> Result<()> {
-    if is_partitioned(cluster)? {
-        return Ok(());
-    }
+    cut_pods(cluster, pods)?;
     let destination = format!("{address}/32");
     let port = port.to_string();
     let tag = format!("{}{cluster}", tag_prefix());
-    iptables(&[
-        "-I",
-        "INPUT",
-        "-d",
-        pods,
-        "-p",
-        "tcp",
-        "-m",
-        "comment",
-        "--comment",
-        &tag,
-        "-j",
-        "DROP",
-    ])
-    .with_context(|| format!("partitioning {cluster}'s database pods"))?;
-    iptables(&[
-        "-I",
-        "INPUT",
-        "-d",
-        &destination,
-        "-p",
-        "tcp",
-        "--dport",
-        &port,
-        "-m",
-        "comment",
-        "--comment",
-        &tag,
-        "-j",
-        "DROP",
-    ])
-    .with_context(|| format!("partitioning {cluster}"))?;
+    insert_once(
+        &[
+            "-d",
+            &destination,
+            "-p",
+            "tcp",
+            "--dport",
+            &port,
+            "-m",
+            "comment",
+            "--comment",
+            &tag,
+            "-j",
+            "DROP",
+        ],
+        &format!("partitioning {cluster}"),
+    )
+}
+
+/// Cuts only the outside addresses of `cluster`'s database pods (`pods`, a range): other
+/// clusters' replication and clients lose them while its API server stays reachable.
+/// Undone by [`heal`] with the rest of the cluster's rules.
+pub fn cut_pods(cluster: &str, pods: &str) -> Result<()> {
+    let tag = format!("{}{cluster}", tag_prefix());
+    insert_once(
+        &[
+            "-d",
+            pods,
+            "-p",
+            "tcp",
+            "-m",
+            "comment",
+            "--comment",
+            &tag,
+            "-j",
+            "DROP",
+        ],
+        &format!("partitioning {cluster}'s database pods"),
+    )
+}
+
+/// Inserts `rule` at the head of INPUT unless the same rule is there already.
+fn insert_once(rule: &[&str], what: &str) -> Result<()> {
+    let with = |command: &'static str| {
+        let mut args = vec![command, "INPUT"];
+        args.extend_from_slice(rule);
+        args
+    };
+    if iptables(&with("-C")).is_ok() {
+        return Ok(());
+    }
+    iptables(&with("-I")).with_context(|| what.to_string())?;
     Ok(())
 }
 

@@ -607,7 +607,15 @@ impl Lab {
         )
     }
 
-    /// Undoes [`Lab::partition`].
+    /// Cuts only the outside addresses of `member_name`'s database pods: other clusters
+    /// lose its replication and its servers, the hub still reaches its API server (a
+    /// replication path lost while the zone looks healthy). Undone by [`Lab::heal`].
+    pub fn cut_database_pods(&self, member_name: &str) -> Result<()> {
+        let info = member(member_name)?;
+        firewall::cut_pods(info.name, &runner::outside_range(info))
+    }
+
+    /// Undoes [`Lab::partition`] and [`Lab::cut_database_pods`].
     pub fn heal(&self, member_name: &str) -> Result<()> {
         member(member_name)?;
         firewall::heal(member_name)
