@@ -398,7 +398,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                     // writable copy anywhere.
                     plan.notes.insert(
                         cluster.clone(),
-                        "removed from the placement, but it holds the primary of the replica clusters: its copy stays while the hub moves the primary to another placed cluster (a switchover; see the MyDatabase status)".into(),
+                        "removed from the placement, but it holds the primary of the replica clusters: its copy stays (removing it would leave no writable copy). To remove it, place the cluster again, move the primary with `bulkhead switchover`, then remove it".into(),
                     );
                     plan.pending_cleanup.push(cluster);
                     continue;

@@ -273,7 +273,6 @@ pub fn switchover<'a>(
     targets: &[TargetCluster],
     copy: &dyn Fn(&str) -> Option<&'a DynamicObject>,
     not_ready: &dyn Fn(&str) -> Option<String>,
-    order: &[String],
     now: jiff::Timestamp,
 ) -> Switchover {
     // The mark on the primary cluster's own copy. Once the new primary cluster is
@@ -282,7 +281,7 @@ pub fn switchover<'a>(
     let started = copy(primary)
         .and_then(|c| annotation(c, ANNOTATION_SWITCHOVER_TO))
         .filter(|to| *to != primary);
-    let wanted = wanted_cluster(template, primary, targets, order);
+    let wanted = wanted_cluster(template, primary);
     let Some(to) = started.map(str::to_string).or(wanted) else {
         return Switchover::None;
     };
@@ -315,30 +314,12 @@ pub fn switchover<'a>(
 }
 
 /// The cluster the primary is asked to move to: `spec.topology.primaryCluster` when it
-/// names another cluster; when it is unset and the placement no longer includes the
-/// primary cluster, the first other placed cluster in `order`, then by name (the primary
-/// moves before its cluster's copy is removed). None: it stays.
-fn wanted_cluster(
-    template: &Value,
-    primary: &str,
-    targets: &[TargetCluster],
-    order: &[String],
-) -> Option<String> {
-    if let Some(named) = template["spec"]["topology"]["primaryCluster"].as_str() {
-        return (named != primary).then(|| named.to_string());
-    }
-    let placed = |name: &str| targets.iter().any(|t| t.name == name && t.replicas > 0);
-    if placed(primary) {
-        return None;
-    }
-    first_in_order(
-        targets
-            .iter()
-            .filter(|t| t.replicas > 0)
-            .map(|t| t.name.as_str())
-            .collect(),
-        order,
-    )
+/// names another cluster. None: it stays.
+fn wanted_cluster(template: &Value, primary: &str) -> Option<String> {
+    template["spec"]["topology"]["primaryCluster"]
+        .as_str()
+        .filter(|named| *named != primary)
+        .map(str::to_string)
 }
 
 /// The first of `clusters` in `order` (the policy's `clusterAffinity.clusterNames`), the
@@ -617,7 +598,7 @@ mod tests {
                 "west" => Some(west),
                 _ => None,
             };
-            switchover(template, "east", &targets, &copy, not_ready, &[], now())
+            switchover(template, "east", &targets, &copy, not_ready, now())
         };
         let steady = json!({"spec": {"topology": {"primaryCluster": "east"}},
                             "status": {"primaryCluster": "east"}});
@@ -700,7 +681,7 @@ mod tests {
             _ => None,
         };
         assert_eq!(
-            switchover(&recorded, "west", &targets, &copy, &ready, &[], now()),
+            switchover(&recorded, "west", &targets, &copy, &ready, now()),
             Switchover::None
         );
         assert!(
@@ -711,51 +692,6 @@ mod tests {
             .describe("east")
             .unwrap()
             .contains("0/5000100")
-        );
-    }
-
-    /// A placement without the primary cluster moves the primary first, to the first
-    /// other placed cluster in the policy's order; a named primary cluster stays named.
-    #[test]
-    fn removing_the_primary_cluster_from_the_placement_asks_for_a_switchover() {
-        let order = ["north".to_string(), "west".to_string()];
-        let unset = json!({"spec": {"topology": {"acrossClusters": "ReplicaClusters"}},
-                           "status": {"primaryCluster": "east"}});
-        let all = [target("east", 1), target("west", 1), target("north", 1)];
-        assert_eq!(wanted_cluster(&unset, "east", &all, &order), None);
-        let without = [target("west", 1), target("north", 1)];
-        assert_eq!(
-            wanted_cluster(&unset, "east", &without, &order),
-            Some("north".into())
-        );
-        let emptied = [target("east", 0), target("west", 1), target("north", 0)];
-        assert_eq!(
-            wanted_cluster(&unset, "east", &emptied, &order),
-            Some("west".into())
-        );
-        assert_eq!(wanted_cluster(&unset, "east", &[], &order), None);
-        let pinned = json!({"spec": {"topology": {"primaryCluster": "east"}},
-                            "status": {"primaryCluster": "east"}});
-        assert_eq!(
-            wanted_cluster(&pinned, "east", &without, &order),
-            None,
-            "the field names the cluster that holds it: it stays (the binding says why)"
-        );
-        let east = database_copy(
-            1,
-            &[],
-            json!({"observedGeneration": 1, "primary": "orders-0",
-                   "instances": [{"name": "orders-0", "role": "Primary", "lsn": "0/5000000"}]}),
-        );
-        let north = database_copy(1, &[], replica_status("0/5000000"));
-        let copy = |cluster: &str| match cluster {
-            "east" => Some(&east),
-            "north" => Some(&north),
-            _ => None,
-        };
-        assert_eq!(
-            switchover(&unset, "east", &without, &copy, &|_| None, &order, now()),
-            Switchover::Demoting { to: "north".into() }
         );
     }
 
@@ -794,7 +730,7 @@ mod tests {
                 "west" => Some(west),
                 _ => None,
             };
-            switchover(template, "east", &targets, &copy, &|_| None, &[], now())
+            switchover(template, "east", &targets, &copy, &|_| None, now())
         };
         let recent = started("2026-12-06T11:59:30Z");
         assert!(matches!(
