@@ -1145,6 +1145,80 @@ async fn place_on(
     Ok(())
 }
 
+/// `orders` placed 1 + 1 in west then east as replica clusters (west holds the primary by
+/// the policy's order), `rows` rows written through west's primary and replayed in east.
+/// West's primary and the application's credentials.
+async fn orders_streaming_west_to_east(
+    federation: &bulkhead_e2e::federation::Federation,
+    rows: i32,
+) -> Result<(Ipv4Addr, AppCredentials)> {
+    let ns = federation.namespace.as_str();
+    place_database(
+        federation,
+        "orders",
+        ["west", "east"],
+        serde_json::json!({"acrossClusters": "ReplicaClusters"}),
+    )
+    .await?;
+    let hub_log = || format!("hub log: {}", federation.hub_log().display());
+    let [west, east] = ["west", "east"].map(|c| federation.members[c].clone());
+    let primary = wait_streaming(&west, ns, "orders")
+        .await
+        .with_context(hub_log)?;
+    let credentials = app_credentials(&west, ns, "orders").await?;
+    write_rows(&connect(primary, &credentials).await?, 0..rows, true).await?;
+    wait_rows_everywhere(&east, ns, "orders-r", &credentials, rows.into(), 1)
+        .await
+        .with_context(hub_log)?;
+    Ok((primary, credentials))
+}
+
+/// The row of `cluster` in a hub template's status (null when it has none).
+fn row<'a>(status: &'a serde_json::Value, cluster: &str) -> &'a serde_json::Value {
+    status["clusters"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|r| r["name"] == cluster))
+        .unwrap_or(&serde_json::Value::Null)
+}
+
+/// Waits until the hub template `orders`'s status satisfies `done`; that status.
+async fn wait_hub_status(
+    template: &Api<kube::api::DynamicObject>,
+    what: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> Result<serde_json::Value> {
+    let done = &done;
+    wait_for(what, Duration::from_secs(60), || async move {
+        match template.get("orders").await {
+            Ok(t) if done(&t.data["status"]) => Check::Done(t.data["status"].clone()),
+            Ok(t) => Check::Waiting(t.data["status"].to_string()),
+            Err(e) => Check::Waiting(e.to_string()),
+        }
+    })
+    .await
+}
+
+/// `bulkhead switchover db/orders --to <to>` against the hub, waiting `timeout` seconds.
+fn switchover_cli(
+    federation: &bulkhead_e2e::federation::Federation,
+    to: &str,
+    timeout: u32,
+) -> Result<std::process::Output> {
+    let kubeconfig = bulkhead_e2e::hub_support::path(&federation.lab.kubeconfig("hub"));
+    bulkhead_e2e::hub_support::bulkhead(&[
+        "switchover",
+        "db/orders",
+        "--to",
+        to,
+        "-n",
+        &federation.namespace,
+        "--kubeconfig",
+        &kubeconfig,
+        "--timeout-seconds",
+        &timeout.to_string(),
+    ])
+}
+
 /// The hub makes replica clusters: a template with `acrossClusters: ReplicaClusters`,
 /// placed 1 + 1 by a policy that lists west before east. West holds the primary (the
 /// policy's order, not the names'); the hub copies west's Secrets to east and applies
@@ -1165,25 +1239,10 @@ async fn the_hub_makes_the_other_clusters_replica_clusters_of_the_primary_cluste
     let federation = Federation::start_with_databases("pg-fedrep", &[]).await?;
     let ns = federation.namespace.as_str();
     let created = Instant::now();
-    place_database(
-        &federation,
-        "orders",
-        ["west", "east"],
-        json!({"acrossClusters": "ReplicaClusters"}),
-    )
-    .await?;
+    let (primary, credentials) = orders_streaming_west_to_east(&federation, 20).await?;
     let west = federation.members["west"].clone();
     let east = federation.members["east"].clone();
     let hub_log = || format!("hub log: {}", federation.hub_log().display());
-    let primary = wait_streaming(&west, ns, "orders")
-        .await
-        .with_context(hub_log)?;
-    let credentials = app_credentials(&west, ns, "orders").await?;
-    let writer = connect(primary, &credentials).await?;
-    write_rows(&writer, 0..20, true).await?;
-    wait_rows_everywhere(&east, ns, "orders-r", &credentials, 20, 1)
-        .await
-        .with_context(hub_log)?;
     eprintln!(
         "east's replica cluster streaming west's rows {:?} after the template was created",
         created.elapsed()
@@ -1235,41 +1294,20 @@ async fn the_hub_makes_the_other_clusters_replica_clusters_of_the_primary_cluste
 
     // The hub's status: the primary cluster, each cluster's role and lag.
     let template = federation.api("hub", &databases());
-    let status = wait_for(
+    let status = wait_hub_status(
+        &template,
         "the hub's status names west primary and east a replica with its lag",
-        Duration::from_secs(60),
-        || {
-            let template = template.clone();
-            async move {
-                let status = match template.get("orders").await {
-                    Ok(t) => t.data["status"].clone(),
-                    Err(e) => return Check::Waiting(e.to_string()),
-                };
-                let row = |name: &str| {
-                    status["clusters"]
-                        .as_array()
-                        .and_then(|rows| rows.iter().find(|r| r["name"] == name).cloned())
-                        .unwrap_or_default()
-                };
-                if status["primaryCluster"] == "west"
-                    && row("west")["role"] == "Primary"
-                    && row("east")["role"] == "Replica"
-                    && row("east")["lagBytes"].is_u64()
-                {
-                    Check::Done(status)
-                } else {
-                    Check::Waiting(status.to_string())
-                }
-            }
+        |status| {
+            status["primaryCluster"] == "west"
+                && row(status, "west")["role"] == "Primary"
+                && row(status, "east")["role"] == "Replica"
+                && row(status, "east")["lagBytes"].is_u64()
         },
     )
     .await?;
     eprintln!(
         "hub status: primary cluster west, east's lag {} bytes as last reported",
-        status["clusters"]
-            .as_array()
-            .and_then(|rows| rows.iter().find(|r| r["name"] == "east"))
-            .map_or(json!(null), |r| r["lagBytes"].clone())
+        row(&status, "east")["lagBytes"]
     );
     let read_only = status["conditions"]
         .as_array()
@@ -1376,21 +1414,7 @@ async fn the_hub_makes_the_other_clusters_replica_clusters_of_the_primary_cluste
             &kube::api::Patch::Merge(json!({"spec": {"topology": {"primaryCluster": "east"}}})),
         )
         .await?;
-    let hub_kubeconfig = bulkhead_e2e::hub_support::path(&federation.lab.kubeconfig("hub"));
-    let cli = |to: &str| {
-        bulkhead_e2e::hub_support::bulkhead(&[
-            "switchover",
-            "db/orders",
-            "--to",
-            to,
-            "-n",
-            ns,
-            "--kubeconfig",
-            &hub_kubeconfig,
-            "--timeout-seconds",
-            "120",
-        ])
-    };
+    let cli = |to: &str| switchover_cli(&federation, to, 120);
     // Recorded (true), or aborted with nothing promoted (false).
     let recorded_or_aborted = || {
         wait_for(
@@ -1473,27 +1497,10 @@ async fn the_hub_makes_the_other_clusters_replica_clusters_of_the_primary_cluste
     eprintln!("west follows east: it has all {total} rows");
 
     // The CLI: a switchover it refuses says why; then back to west.
-    wait_for(
+    wait_hub_status(
+        &template,
         "the hub's status shows west as a replica cluster",
-        Duration::from_secs(60),
-        || {
-            let template = template.clone();
-            async move {
-                let status = match template.get("orders").await {
-                    Ok(t) => t.data["status"].clone(),
-                    Err(e) => return Check::Waiting(e.to_string()),
-                };
-                let west_replica = status["clusters"].as_array().is_some_and(|rows| {
-                    rows.iter()
-                        .any(|r| r["name"] == "west" && r["role"] == "Replica")
-                });
-                if west_replica {
-                    Check::Done(())
-                } else {
-                    Check::Waiting(status["clusters"].to_string())
-                }
-            }
-        },
+        |s| row(s, "west")["role"] == "Replica",
     )
     .await?;
     let refused = cli("north")?;
@@ -1625,69 +1632,21 @@ async fn a_switchover_whose_target_cannot_catch_up_is_aborted_and_the_old_primar
 -> Result<()> {
     use bulkhead_e2e::federation::{Federation, databases};
     use kube::ResourceExt;
-    use serde_json::json;
 
     let federation = Federation::start_with_databases("pg-abort", &[]).await?;
     let ns = federation.namespace.as_str();
-    place_database(
-        &federation,
-        "orders",
-        ["west", "east"],
-        json!({"acrossClusters": "ReplicaClusters"}),
-    )
-    .await?;
+    let (_, credentials) = orders_streaming_west_to_east(&federation, 10).await?;
     let west = federation.members["west"].clone();
     let east = federation.members["east"].clone();
     let hub_log = || format!("hub log: {}", federation.hub_log().display());
-    let primary = wait_streaming(&west, ns, "orders")
-        .await
-        .with_context(hub_log)?;
-    let credentials = app_credentials(&west, ns, "orders").await?;
-    write_rows(&connect(primary, &credentials).await?, 0..10, true).await?;
-    wait_rows_everywhere(&east, ns, "orders-r", &credentials, 10, 1)
-        .await
-        .with_context(hub_log)?;
     let template = federation.api("hub", &databases());
-    let east_replica = || {
-        let template = template.clone();
-        async move {
-            let status = match template.get("orders").await {
-                Ok(t) => t.data["status"].clone(),
-                Err(e) => return Check::Waiting(e.to_string()),
-            };
-            let replica = status["clusters"].as_array().is_some_and(|rows| {
-                rows.iter()
-                    .any(|r| r["name"] == "east" && r["role"] == "Replica")
-            });
-            if replica {
-                Check::Done(())
-            } else {
-                Check::Waiting(status.to_string())
-            }
-        }
-    };
-    wait_for(
+    wait_hub_status(
+        &template,
         "the hub's status shows east as a replica cluster",
-        Duration::from_secs(60),
-        east_replica,
+        |s| row(s, "east")["role"] == "Replica",
     )
     .await?;
-
-    let hub_kubeconfig = bulkhead_e2e::hub_support::path(&federation.lab.kubeconfig("hub"));
-    let cli = |to: &str| {
-        bulkhead_e2e::hub_support::bulkhead(&[
-            "switchover",
-            "db/orders",
-            "--to",
-            to,
-            "-n",
-            ns,
-            "--kubeconfig",
-            &hub_kubeconfig,
-            "--timeout-seconds",
-            "180",
-        ])
-    };
+    let cli = |to: &str| switchover_cli(&federation, to, 180);
     federation.lab.cut_database_pods("west")?;
     let asked = Instant::now();
     let aborted = cli("east")?;

@@ -61,22 +61,15 @@ pub fn is_partitioned(cluster: &str) -> Result<bool> {
 pub fn partition(cluster: &str, address: Ipv4Addr, port: u16, pods: &str) -> Result<()> {
     cut_pods(cluster, pods)?;
     let destination = format!("{address}/32");
-    let port = port.to_string();
-    let tag = format!("{}{cluster}", tag_prefix());
-    insert_once(
+    drop_tagged(
+        cluster,
         &[
             "-d",
             &destination,
             "-p",
             "tcp",
             "--dport",
-            &port,
-            "-m",
-            "comment",
-            "--comment",
-            &tag,
-            "-j",
-            "DROP",
+            &port.to_string(),
         ],
         &format!("partitioning {cluster}"),
     )
@@ -86,22 +79,20 @@ pub fn partition(cluster: &str, address: Ipv4Addr, port: u16, pods: &str) -> Res
 /// clusters' replication and clients lose them while its API server stays reachable.
 /// Undone by [`heal`] with the rest of the cluster's rules.
 pub fn cut_pods(cluster: &str, pods: &str) -> Result<()> {
-    let tag = format!("{}{cluster}", tag_prefix());
-    insert_once(
-        &[
-            "-d",
-            pods,
-            "-p",
-            "tcp",
-            "-m",
-            "comment",
-            "--comment",
-            &tag,
-            "-j",
-            "DROP",
-        ],
+    drop_tagged(
+        cluster,
+        &["-d", pods, "-p", "tcp"],
         &format!("partitioning {cluster}'s database pods"),
     )
+}
+
+/// Drops the packets `matches` selects, by a rule tagged with `cluster` (so [`heal`]
+/// finds it), inserted once.
+fn drop_tagged(cluster: &str, matches: &[&str], what: &str) -> Result<()> {
+    let tag = format!("{}{cluster}", tag_prefix());
+    let mut rule = matches.to_vec();
+    rule.extend(["-m", "comment", "--comment", &tag, "-j", "DROP"]);
+    insert_once(&rule, what)
 }
 
 /// Inserts `rule` at the head of INPUT unless the same rule is there already.

@@ -338,6 +338,12 @@ fn first_in_order(mut clusters: Vec<&str>, order: &[String]) -> Option<String> {
 }
 
 /// Why a switchover to `to` that has not started may not start now; None: it may.
+/// The template's status records the switchover from `from` to `to` as aborted already.
+pub(super) fn aborted_recorded(template: &Value, from: &str, to: &str) -> bool {
+    let aborted = &template["status"]["abortedSwitchover"];
+    aborted["from"] == from && aborted["to"] == to
+}
+
 fn not_started<'a>(
     template: &Value,
     primary: &str,
@@ -347,8 +353,8 @@ fn not_started<'a>(
     not_ready: &dyn Fn(&str) -> Option<String>,
 ) -> Option<String> {
     // Nothing is changed until every condition holds.
-    let aborted = &template["status"]["abortedSwitchover"];
-    if aborted["to"] == to && aborted["from"] == primary {
+    if aborted_recorded(template, primary, to) {
+        let aborted = &template["status"]["abortedSwitchover"];
         return Some(format!(
             "the switchover to {to} was aborted at {} ({}); ask again with `bulkhead switchover`, or set spec.topology.primaryCluster to {primary}",
             aborted["time"].as_str().unwrap_or_default(),

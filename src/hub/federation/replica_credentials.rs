@@ -21,7 +21,9 @@ use crate::error::{ApiErrorKind, classify};
 use crate::hub::federation::context::{Context, full_template};
 use crate::hub::federation::placement::ClusterView;
 use crate::hub::federation::propagation::ReplicaClusters;
-use crate::hub::federation::replica_clusters::{Switchover, enabled, primary_cluster, switchover};
+use crate::hub::federation::replica_clusters::{
+    Switchover, aborted_recorded, enabled, primary_cluster, switchover,
+};
 use crate::hub::federation::scheduler::DesiredBinding;
 use crate::hub::federation::writer::{ObjectKey, create_namespace, short};
 
@@ -160,12 +162,6 @@ pub(super) async fn setup(
         switchover,
         switchover_started,
     })
-}
-
-/// The template's status records this switchover as aborted already.
-fn aborted_recorded(template: &serde_json::Value, from: &str, to: &str) -> bool {
-    let aborted = &template["status"]["abortedSwitchover"];
-    aborted["from"] == from && aborted["to"] == to
 }
 
 /// Writes `status.primaryCluster` on the hub template, at once (not with the rest of the
