@@ -337,13 +337,13 @@ fn first_in_order(mut clusters: Vec<&str>, order: &[String]) -> Option<String> {
     clusters.first().map(|c| c.to_string())
 }
 
-/// Why a switchover to `to` that has not started may not start now; None: it may.
 /// The template's status records the switchover from `from` to `to` as aborted already.
 pub(super) fn aborted_recorded(template: &Value, from: &str, to: &str) -> bool {
     let aborted = &template["status"]["abortedSwitchover"];
     aborted["from"] == from && aborted["to"] == to
 }
 
+/// Why a switchover to `to` that has not started may not start now; None: it may.
 fn not_started<'a>(
     template: &Value,
     primary: &str,
