@@ -96,7 +96,14 @@ pub const SWITCHOVER_POSITION_REFRESH: Duration = Duration::from_secs(1);
 
 /// The last view of each database (`namespace/name`), shared with the reconciler.
 #[derive(Clone, Default)]
-pub struct Views(Arc<Mutex<HashMap<String, (InstancesView, Instant)>>>);
+pub struct Views(Arc<Mutex<HashMap<String, Seen>>>);
+
+/// What the loop last saw of a database, and what it last had the reconciler write.
+struct Seen {
+    latest: InstancesView,
+    published: InstancesView,
+    at: Instant,
+}
 
 /// The view without what moves with every write.
 fn without_positions(view: &InstancesView) -> InstancesView {
@@ -109,34 +116,44 @@ fn without_positions(view: &InstancesView) -> InstancesView {
 }
 
 impl Views {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (InstancesView, Instant)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Seen>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The view of `key`, if the loop has seen the database.
     pub fn get(&self, key: &str) -> Option<InstancesView> {
-        self.lock().get(key).map(|(view, _)| view.clone())
+        self.lock().get(key).map(|seen| seen.latest.clone())
     }
 
     /// Stores a view; whether the status should be written now: something other than a
     /// WAL position changed, or positions did and the last write is `refresh` old
     /// ([`POSITION_REFRESH`], or [`SWITCHOVER_POSITION_REFRESH`] while the hub moves the
     /// primary between clusters).
+    /// A position held back is compared with what was last published, not with the
+    /// view before it: it is published once `refresh` has passed even if it does not move
+    /// again (a switchover waits for exactly that last position).
     pub fn set(&self, key: &str, view: InstancesView, now: Instant, refresh: Duration) -> bool {
         let mut views = self.lock();
         let publish = match views.get(key) {
             None => true,
-            Some((old, _)) if *old == view => false,
-            Some((old, published)) => {
-                without_positions(old) != without_positions(&view)
-                    || now.duration_since(*published) >= refresh
+            Some(seen) if seen.published == view => false,
+            Some(seen) => {
+                without_positions(&seen.published) != without_positions(&view)
+                    || now.duration_since(seen.at) >= refresh
             }
         };
-        let published = match views.get(key) {
-            Some((_, at)) if !publish => *at,
-            _ => now,
+        let seen = match views.remove(key) {
+            Some(seen) if !publish => Seen {
+                latest: view,
+                ..seen
+            },
+            _ => Seen {
+                latest: view.clone(),
+                published: view,
+                at: now,
+            },
         };
-        views.insert(key.to_string(), (view, published));
+        views.insert(key.to_string(), seen);
         publish
     }
 
@@ -1180,6 +1197,29 @@ mod tests {
             ),
             "every second during a switchover"
         );
+        // The last position of a demoted primary arrives within the second after the
+        // last write and never moves again: it is still published, a second later.
+        assert!(!views.set(
+            "shop/orders",
+            one(Role::Standby, "0/60"),
+            at(35) + Duration::from_millis(500),
+            SWITCHOVER_POSITION_REFRESH
+        ));
+        assert!(
+            views.set(
+                "shop/orders",
+                one(Role::Standby, "0/60"),
+                at(36),
+                SWITCHOVER_POSITION_REFRESH
+            ),
+            "a held-back position is published once the refresh has passed, moved or not"
+        );
+        assert!(!views.set(
+            "shop/orders",
+            one(Role::Standby, "0/60"),
+            at(40),
+            SWITCHOVER_POSITION_REFRESH
+        ));
         views.retain(|_| false);
         assert!(views.get("shop/orders").is_none());
     }
