@@ -1415,40 +1415,22 @@ async fn the_hub_makes_the_other_clusters_replica_clusters_of_the_primary_cluste
         )
         .await?;
     let cli = |to: &str| switchover_cli(&federation, to, 120);
-    // Recorded (true), or aborted with nothing promoted (false).
-    let recorded_or_aborted = || {
-        wait_for(
-            "the hub records east as the primary cluster (or aborts the switchover)",
-            Duration::from_secs(120),
-            || {
-                let template = template.clone();
-                async move {
-                    match template.get("orders").await {
-                        Ok(t) if t.data["status"]["primaryCluster"] == "east" => Check::Done(true),
-                        Ok(t) if t.data["status"]["abortedSwitchover"]["to"] == "east" => {
-                            Check::Done(false)
-                        }
-                        Ok(t) => Check::Waiting(t.data["status"]["primaryCluster"].to_string()),
-                        Err(e) => Check::Waiting(e.to_string()),
-                    }
+    wait_for(
+        "the hub records east as the primary cluster",
+        Duration::from_secs(120),
+        || {
+            let template = template.clone();
+            async move {
+                match template.get("orders").await {
+                    Ok(t) if t.data["status"]["primaryCluster"] == "east" => Check::Done(()),
+                    Ok(t) => Check::Waiting(t.data["status"].to_string()),
+                    Err(e) => Check::Waiting(e.to_string()),
                 }
-            },
-        )
-    };
-    if !recorded_or_aborted().await.with_context(hub_log)? {
-        // A known intermittent stall (the target never reports the old primary's last
-        // position right after a timeline change): the switchover is aborted with
-        // nothing promoted, and asked anew as a user would.
-        eprintln!(
-            "KNOWN ISSUE: the switchover to east was aborted after the deadline; asking again"
-        );
-        let again = cli("east")?;
-        assert!(
-            again.status.success(),
-            "asked anew, the switchover goes through: {}",
-            String::from_utf8_lossy(&again.stderr)
-        );
-    }
+            }
+        },
+    )
+    .await
+    .with_context(hub_log)?;
     let recorded = asked.elapsed();
     let new_primary = wait_streaming(&east, ns, "orders").await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -1513,13 +1495,7 @@ async fn the_hub_makes_the_other_clusters_replica_clusters_of_the_primary_cluste
         "the refusal says why"
     );
     let back = Instant::now();
-    let mut moved = cli("west")?;
-    if !moved.status.success() && String::from_utf8_lossy(&moved.stderr).contains("aborted after") {
-        eprintln!(
-            "KNOWN ISSUE: the switchover back to west was aborted after the deadline; asking again"
-        );
-        moved = cli("west")?;
-    }
+    let moved = cli("west")?;
     if !moved.status.success() {
         // What each copy reported, for the failure report: the stage the hub waits in
         // is read from these.
@@ -1725,6 +1701,74 @@ async fn a_switchover_whose_target_cannot_catch_up_is_aborted_and_the_old_primar
     assert!(status["abortedSwitchover"].is_null(), "{status}");
     let primary = wait_streaming(&east, ns, "orders").await?;
     let (_, lost) = rows_and_lost(primary, &credentials, &(0..25).collect::<Vec<_>>()).await?;
+    assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
+    Ok(())
+}
+
+/// A placement change that drops the primary cluster moves the primary first
+/// (make-before-break at the database level): `orders` runs west (primary) + east
+/// (replica cluster), `spec.topology.primaryCluster` unset; the policy is changed to
+/// place it in east only. The hub switches the primary over to east (west demoted first,
+/// east promoted only once it has west's last WAL position), records it, and only then
+/// removes west's copy. Every write acknowledged by west is in east, and east takes
+/// writes.
+#[tokio::test]
+async fn a_placement_that_drops_the_primary_cluster_switches_over_before_removing_it() -> Result<()>
+{
+    use bulkhead_e2e::federation::{Federation, databases};
+
+    let federation = Federation::start_with_databases("pg-dropprimary", &[]).await?;
+    let ns = federation.namespace.as_str();
+    let (primary, credentials) = orders_streaming_west_to_east(&federation, 10).await?;
+    let east = federation.members["east"].clone();
+    let hub_log = || format!("hub log: {}", federation.hub_log().display());
+    let template = federation.api("hub", &databases());
+    wait_hub_status(
+        &template,
+        "the hub's status shows east as a replica cluster",
+        |s| s["primaryCluster"] == "west" && row(s, "east")["role"] == "Replica",
+    )
+    .await?;
+    write_rows(&connect(primary, &credentials).await?, 10..20, false).await?;
+
+    let changed = Instant::now();
+    place_on(&federation, "orders", &["east"]).await?;
+    let west_copies = federation.api("west", &databases());
+    wait_for(
+        "the hub moves the primary to east, then removes west's copy",
+        Duration::from_secs(240),
+        || {
+            let (template, west_copies) = (template.clone(), west_copies.clone());
+            async move {
+                let recorded = match template.get("orders").await {
+                    Ok(t) => t.data["status"]["primaryCluster"].clone(),
+                    Err(e) => return Check::Waiting(e.to_string()),
+                };
+                let west_copy = match west_copies.get_opt("orders").await {
+                    Ok(copy) => copy,
+                    Err(e) => return Check::Waiting(e.to_string()),
+                };
+                match (recorded == "east", west_copy.is_some()) {
+                    (true, false) => Check::Done(()),
+                    (false, false) => panic!(
+                        "west's copy was removed while it held the primary (recorded {recorded})"
+                    ),
+                    (_, true) => Check::Waiting(format!(
+                        "primary cluster {recorded}, west's copy still there"
+                    )),
+                }
+            }
+        },
+    )
+    .await
+    .with_context(hub_log)?;
+    eprintln!(
+        "placement without the primary cluster: primary moved to east and west's copy removed {:?} after the policy change",
+        changed.elapsed()
+    );
+    let new_primary = wait_streaming(&east, ns, "orders").await?;
+    write_rows(&connect(new_primary, &credentials).await?, 20..30, false).await?;
+    let (_, lost) = rows_and_lost(new_primary, &credentials, &(0..30).collect::<Vec<_>>()).await?;
     assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
     Ok(())
 }

@@ -225,7 +225,21 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
         plan_cleanup(input, &mut plan);
         return plan;
     }
-    let target = |cluster: &str| input.targets.iter().find(|t| t.name == cluster);
+    // The primary cluster of replica clusters that the placement dropped stays a target
+    // with the replicas its copy has until the primary moved elsewhere: its copy is
+    // applied as before (demoted and marked by the switchover that moves the primary).
+    let kept_primary = kept_primary(input);
+    if let Some(kept) = &kept_primary {
+        plan.pending_cleanup.push(kept.name.clone());
+    }
+    let target = |cluster: &str| {
+        input
+            .targets
+            .iter()
+            .find(|t| t.name == cluster && t.replicas > 0)
+            .or(kept_primary.as_ref().filter(|t| t.name == cluster))
+            .or_else(|| input.targets.iter().find(|t| t.name == cluster))
+    };
     let replacement_ready = replacement_ready(input);
     let involved = stateful_placement(input);
     let frozen_by: Vec<String> = involved
@@ -365,6 +379,17 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                         }
                     }
                 };
+                if kept_primary.as_ref().is_some_and(|k| k.name == cluster) {
+                    let how = plan.notes.remove(&cluster).unwrap_or_else(|| {
+                        "set spec.topology.primaryCluster to a placed cluster (or unset it), or use `bulkhead switchover`".into()
+                    });
+                    plan.notes.insert(
+                        cluster.clone(),
+                        format!(
+                            "removed from the placement, but it holds the primary of the replica clusters: its copy stays until the primary moved to a placed cluster; {how}"
+                        ),
+                    );
+                }
                 let resync = input
                     .resync
                     .is_some_and(|done| !done.iter().any(|c| c == member.cluster));
@@ -390,19 +415,6 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                 // decision is written).
                 let placed = input.previous.iter().any(|t| t.name == member.cluster);
                 let holds = member.copy.is_some();
-                let primary_here = input
-                    .replica_clusters
-                    .is_some_and(|setup| setup.primary.as_deref() == Ok(member.cluster));
-                if primary_here && holds {
-                    // The replica clusters stream from it: removing it would leave no
-                    // writable copy anywhere.
-                    plan.notes.insert(
-                        cluster.clone(),
-                        "removed from the placement, but it holds the primary of the replica clusters: its copy stays (removing it would leave no writable copy). To remove it, place the cluster again, move the primary with `bulkhead switchover`, then remove it".into(),
-                    );
-                    plan.pending_cleanup.push(cluster);
-                    continue;
-                }
                 if member.reachable && member.synced && !(member.refused && recorded) {
                     if !holds {
                         continue;
@@ -454,6 +466,25 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
         .replica_clusters
         .and_then(|setup| setup.primary.clone().ok());
     plan
+}
+
+/// The primary cluster of replica clusters when the placement no longer gives it
+/// replicas, as a target with the replicas its copy has: removing it would leave no
+/// writable copy anywhere, so it stays until a switchover moved the primary.
+fn kept_primary(input: &PlanInput<'_>) -> Option<TargetCluster> {
+    let primary = input.replica_clusters?.primary.as_ref().ok()?;
+    if input
+        .targets
+        .iter()
+        .any(|t| t.name == *primary && t.replicas > 0)
+    {
+        return None;
+    }
+    let copy = input.members.iter().find(|m| m.cluster == primary)?.copy?;
+    Some(TargetCluster {
+        name: primary.clone(),
+        replicas: copy_replicas(copy)?.max(1),
+    })
 }
 
 /// A cluster's copy of a MyDatabase with replica clusters: the primary cluster recorded
@@ -1420,6 +1451,34 @@ mod tests {
             plan.notes
         );
         assert!(plan.pending_cleanup.contains(&"east".to_string()));
+        // A switchover moving the primary away: the dropped cluster's copy is applied
+        // demoted and marked, with the replicas it has, so the switchover can run.
+        let moving = ReplicaClusters {
+            switchover: Switchover::Demoting { to: "west".into() },
+            ..replica_setup("east", &["west", "north"])
+        };
+        let plan = super::plan(&PlanInput {
+            replica_clusters: Some(&moving),
+            ..stateful(&template, &new, &previous, &members)
+        });
+        assert!(plan.deletes.is_empty(), "{:?}", plan.deletes);
+        let applied = plan
+            .applies
+            .iter()
+            .find(|a| a.cluster == "east")
+            .expect("the old primary cluster's copy is applied");
+        assert_eq!(applied.object["spec"]["readOnly"], true);
+        assert_eq!(applied.object["spec"]["replicas"], 1);
+        assert_eq!(
+            applied.object["metadata"]["annotations"][crate::api::ANNOTATION_SWITCHOVER_TO],
+            "west"
+        );
+        assert!(
+            plan.notes["east"].contains("removed from the placement")
+                && plan.notes["east"].contains("switchover from east to west"),
+            "{:?}",
+            plan.notes
+        );
         let new = targets(&[("east", 1), ("west", 1)]);
         let plan = super::plan(&PlanInput {
             replica_clusters: Some(&setup),

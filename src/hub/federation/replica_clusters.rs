@@ -71,11 +71,7 @@ pub fn primary_cluster<'a>(
             ));
         }
     }
-    let placed: Vec<&str> = targets
-        .iter()
-        .filter(|t| t.replicas > 0)
-        .map(|t| t.name.as_str())
-        .collect();
+    let placed = placed(targets);
     if let Some(named) = template["spec"]["topology"]["primaryCluster"].as_str() {
         if placed.contains(&named) {
             return Ok(Some(named.to_string()));
@@ -266,11 +262,12 @@ pub fn runs_as_replica_cluster(status: &Value) -> bool {
 
 /// Where the switchover of a database whose recorded primary cluster is `primary`
 /// stands at `now`. `copy` finds a cluster's copy as last seen; `not_ready` says why a
-/// cluster is not Ready (None: it is).
+/// cluster is not Ready (None: it is); `order` is the policy's cluster order.
 pub fn switchover<'a>(
     template: &Value,
     primary: &str,
     targets: &[TargetCluster],
+    order: &[String],
     copy: &dyn Fn(&str) -> Option<&'a DynamicObject>,
     not_ready: &dyn Fn(&str) -> Option<String>,
     now: jiff::Timestamp,
@@ -281,7 +278,7 @@ pub fn switchover<'a>(
     let started = copy(primary)
         .and_then(|c| annotation(c, ANNOTATION_SWITCHOVER_TO))
         .filter(|to| *to != primary);
-    let wanted = wanted_cluster(template, primary);
+    let wanted = wanted_cluster(template, primary, targets, order);
     let Some(to) = started.map(str::to_string).or(wanted) else {
         return Switchover::None;
     };
@@ -314,12 +311,36 @@ pub fn switchover<'a>(
 }
 
 /// The cluster the primary is asked to move to: `spec.topology.primaryCluster` when it
-/// names another cluster. None: it stays.
-fn wanted_cluster(template: &Value, primary: &str) -> Option<String> {
-    template["spec"]["topology"]["primaryCluster"]
-        .as_str()
-        .filter(|named| *named != primary)
-        .map(str::to_string)
+/// names another cluster; unset, when the placement no longer includes the primary
+/// cluster, the first placed cluster in `order` (make-before-break: the primary moves
+/// before its cluster's copy is removed). None: it stays.
+fn wanted_cluster(
+    template: &Value,
+    primary: &str,
+    targets: &[TargetCluster],
+    order: &[String],
+) -> Option<String> {
+    match template["spec"]["topology"]["primaryCluster"].as_str() {
+        Some(named) => Some(named)
+            .filter(|named| *named != primary)
+            .map(str::to_string),
+        None => {
+            let placed = placed(targets);
+            if placed.contains(&primary) {
+                return None;
+            }
+            first_in_order(placed, order)
+        }
+    }
+}
+
+/// The clusters the placement gives replicas to.
+fn placed(targets: &[TargetCluster]) -> Vec<&str> {
+    targets
+        .iter()
+        .filter(|t| t.replicas > 0)
+        .map(|t| t.name.as_str())
+        .collect()
 }
 
 /// The first of `clusters` in `order` (the policy's `clusterAffinity.clusterNames`), the
@@ -361,16 +382,16 @@ fn not_started<'a>(
             aborted["message"].as_str().unwrap_or_default(),
         ));
     }
-    let placed: Vec<&str> = targets
-        .iter()
-        .filter(|t| t.replicas > 0)
-        .map(|t| t.name.as_str())
-        .collect();
+    let mut placed = placed(targets);
     if !placed.contains(&to) {
         return Some(format!(
             "{to} is not in the placement ({}); place the database there first",
             placed.join(", ")
         ));
+    }
+    if !placed.contains(&primary) {
+        // Dropped from the placement, it still holds the primary: it must be Ready too.
+        placed.push(primary);
     }
     if let Some(why) = placed.iter().find_map(|c| {
         not_ready(c)
@@ -583,6 +604,47 @@ mod tests {
                "instances": [{"name": "orders-0", "role": "Standby", "lsn": lsn}]})
     }
 
+    /// A placement that drops the primary cluster moves the primary first, to the first
+    /// placed cluster in the policy's order, once every cluster (the dropped one too) is
+    /// Ready; a `primaryCluster` the user set is never overridden.
+    #[test]
+    fn a_placement_that_drops_the_primary_cluster_moves_the_primary_first() {
+        let primary_status = json!({"observedGeneration": 1, "primary": "orders-0",
+            "instances": [{"name": "orders-0", "role": "Primary", "lsn": "0/5000000"}]});
+        let east = database_copy(1, &[], primary_status);
+        let west = database_copy(1, &[], replica_status("0/5000000"));
+        let north = database_copy(1, &[], replica_status("0/5000000"));
+        let copy = |cluster: &str| match cluster {
+            "east" => Some(&east),
+            "west" => Some(&west),
+            "north" => Some(&north),
+            _ => None,
+        };
+        let unset = json!({"spec": {"topology": {"acrossClusters": "ReplicaClusters"}},
+                           "status": {"primaryCluster": "east"}});
+        let order = ["north".to_string(), "west".to_string()];
+        let kept = [target("east", 1), target("west", 1), target("north", 1)];
+        let dropped = [target("west", 1), target("north", 1), target("east", 0)];
+        let ready = |_: &str| None;
+        let stage = |template: &Value,
+                     targets: &[TargetCluster],
+                     not_ready: &dyn Fn(&str) -> Option<String>| {
+            switchover(template, "east", targets, &order, &copy, not_ready, now())
+        };
+        assert_eq!(stage(&unset, &kept, &ready), Switchover::None);
+        assert_eq!(
+            stage(&unset, &dropped, &ready),
+            Switchover::Demoting { to: "north".into() },
+            "the first in the policy's order, not by name"
+        );
+        let east_cut = |c: &str| (c == "east").then(|| "unreachable".to_string());
+        assert!(matches!(stage(&unset, &dropped, &east_cut),
+            Switchover::Waiting { to, why } if to == "north" && why.contains("east is not Ready")));
+        let named = json!({"spec": {"topology": {"primaryCluster": "east"}},
+                           "status": {"primaryCluster": "east"}});
+        assert_eq!(stage(&named, &dropped, &ready), Switchover::None);
+    }
+
     /// The stages as the copies show them, from the ask to the record; nothing starts
     /// while a cluster is not Ready or the target does not stream.
     #[test]
@@ -604,7 +666,7 @@ mod tests {
                 "west" => Some(west),
                 _ => None,
             };
-            switchover(template, "east", &targets, &copy, not_ready, now())
+            switchover(template, "east", &targets, &[], &copy, not_ready, now())
         };
         let steady = json!({"spec": {"topology": {"primaryCluster": "east"}},
                             "status": {"primaryCluster": "east"}});
@@ -687,7 +749,7 @@ mod tests {
             _ => None,
         };
         assert_eq!(
-            switchover(&recorded, "west", &targets, &copy, &ready, now()),
+            switchover(&recorded, "west", &targets, &[], &copy, &ready, now()),
             Switchover::None
         );
         assert!(
@@ -736,7 +798,7 @@ mod tests {
                 "west" => Some(west),
                 _ => None,
             };
-            switchover(template, "east", &targets, &copy, &|_| None, now())
+            switchover(template, "east", &targets, &[], &copy, &|_| None, now())
         };
         let recent = started("2026-12-06T11:59:30Z");
         assert!(matches!(

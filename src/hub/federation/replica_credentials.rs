@@ -82,7 +82,7 @@ pub(super) async fn setup(
         context.doubt(cluster)
     };
     let now = jiff::Timestamp::now();
-    let mut switchover = switchover(&value, &primary, targets, &copy, &not_ready, now);
+    let mut switchover = switchover(&value, &primary, targets, &order, &copy, &not_ready, now);
     let mut primary = primary;
     match &switchover {
         Switchover::Done { to } => {
