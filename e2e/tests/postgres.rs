@@ -1772,3 +1772,159 @@ async fn a_placement_that_drops_the_primary_cluster_switches_over_before_removin
     assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
     Ok(())
 }
+
+/// A disaster promotion: `orders` runs west (primary) + east (replica cluster); west is
+/// cut off (from the hub and the other clusters) and its agent fences it. `bulkhead
+/// promote` refuses without `--accept-data-loss`; with it the hub records east as the
+/// primary cluster under primary term 2 and east takes writes. After the heal a probe
+/// writes to every west instance all along: west never accepts one (its agent finds the
+/// raised term in the hub's Lease before it unfences), rejoins as a replica cluster of
+/// east (rewound past what it had not sent) and converges to east's rows.
+#[tokio::test]
+async fn a_promotion_that_accepts_data_loss_never_lets_the_old_primary_cluster_write_again()
+-> Result<()> {
+    use bulkhead_e2e::federation::{Federation, databases};
+
+    let federation = Federation::start_with_databases("pg-promote", &[]).await?;
+    let ns = federation.namespace.as_str();
+    let (old_primary, credentials) = orders_streaming_west_to_east(&federation, 10).await?;
+    let [west, east] = ["west", "east"].map(|c| federation.members[c].clone());
+    let hub_log = || format!("hub log: {}", federation.hub_log().display());
+    let template = federation.api("hub", &databases());
+    wait_hub_status(
+        &template,
+        "the hub's status shows east as a replica cluster",
+        |s| s["primaryCluster"] == "west" && row(s, "east")["role"] == "Replica",
+    )
+    .await?;
+    let west_instances = endpoints(&west, ns, "orders-r").await?;
+
+    let partition = Partition::start(&federation.lab, "west")?;
+    let (_, accepted) = write_until_refused(old_primary, &credentials, "west").await?;
+    federation
+        .wait_member_ready("west", false, Duration::from_secs(60))
+        .await?;
+    let promote = |accept: bool| {
+        let kubeconfig = bulkhead_e2e::hub_support::path(&federation.lab.kubeconfig("hub"));
+        let mut args = vec![
+            "promote",
+            "db/orders",
+            "--cluster",
+            "east",
+            "-n",
+            ns,
+            "--kubeconfig",
+        ];
+        args.push(&kubeconfig);
+        if accept {
+            args.push("--accept-data-loss");
+        }
+        bulkhead_e2e::hub_support::bulkhead(&args)
+    };
+    let refused = promote(false)?;
+    assert!(
+        !refused.status.success()
+            && String::from_utf8_lossy(&refused.stderr).contains("--accept-data-loss"),
+        "refused without the flag, saying which: {}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let asked = Instant::now();
+    let promoted = promote(true)?;
+    assert!(
+        promoted.status.success(),
+        "promoted: {}; {}",
+        String::from_utf8_lossy(&promoted.stderr),
+        hub_log()
+    );
+    let new_primary = wait_streaming(&east, ns, "orders")
+        .await
+        .with_context(hub_log)?;
+    write_rows(&connect(new_primary, &credentials).await?, 100..110, false).await?;
+    eprintln!(
+        "east promoted with --accept-data-loss: takes writes {:?} after the ask ({accepted} writes west accepted after the cut, before it fenced, may be lost)",
+        asked.elapsed()
+    );
+    let status = template.get("orders").await?.data["status"].clone();
+    assert_eq!(status["primaryCluster"], "east", "{status}");
+    assert_eq!(status["primaryTerm"], 2, "{status}");
+    assert_eq!(status["promotion"]["from"], "west", "{status}");
+
+    // The heal: a probe writes to west's instances (as they were, and as west's -r lists
+    // them) from before the heal until west has converged.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let probe = {
+        let (stop, credentials, west, ns) = (
+            stop.clone(),
+            credentials.clone(),
+            west.clone(),
+            ns.to_string(),
+        );
+        let mut addresses = west_instances.clone();
+        addresses.push(old_primary);
+        tokio::spawn(async move {
+            let (mut tried, mut accepted) = (0, vec![]);
+            let mut id = 300_000;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let mut now = addresses.clone();
+                now.extend(endpoints(&west, &ns, "orders-r").await.unwrap_or_default());
+                now.sort();
+                now.dedup();
+                for address in now {
+                    id += 1;
+                    let Ok(Ok(session)) = tokio::time::timeout(
+                        Duration::from_secs(1),
+                        connect(address, &credentials),
+                    )
+                    .await
+                    else {
+                        continue;
+                    };
+                    tried += 1;
+                    if let Ok(Ok(_)) = tokio::time::timeout(
+                        Duration::from_secs(2),
+                        session.batch_execute(&format!(
+                            "SET default_transaction_read_only = off; INSERT INTO orders VALUES ({id})"
+                        )),
+                    )
+                    .await
+                    {
+                        accepted.push((address, id));
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            (tried, accepted)
+        })
+    };
+    partition.heal()?;
+    let healed = Instant::now();
+    let rows = count(&connect(new_primary, &credentials).await?).await?;
+    wait_hub_status(
+        &template,
+        "the hub's status shows west as a replica cluster",
+        |s| row(s, "west")["role"] == "Replica",
+    )
+    .await
+    .with_context(hub_log)?;
+    wait_rows_everywhere(&west, ns, "orders-r", &credentials, rows, 1)
+        .await
+        .with_context(hub_log)?;
+    eprintln!(
+        "west rejoined as a replica cluster of east with all {rows} rows {:?} after the heal",
+        healed.elapsed()
+    );
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (tried, accepted) = probe.await?;
+    assert!(
+        accepted.is_empty(),
+        "west accepted writes after the promotion: {accepted:?}"
+    );
+    assert!(tried > 0, "the probe reached west's instances");
+    eprintln!("west refused all {tried} probe writes from the heal on");
+    assert!(endpoints(&west, ns, "orders-rw").await?.is_empty());
+    let west_instance = endpoints(&west, ns, "orders-r").await?[0];
+    let (_, lost) =
+        rows_and_lost(west_instance, &credentials, &(100..110).collect::<Vec<_>>()).await?;
+    assert!(lost.is_empty(), "west lacks east's writes: {lost:?}");
+    Ok(())
+}

@@ -65,6 +65,9 @@ pub enum ReadOnlyReason {
     HubUnreachable,
     /// `spec.topology.replicaOf`: a replica cluster streams another cluster's primary.
     ReplicaCluster,
+    /// A disaster promotion raised the federation's primary term past the one this copy
+    /// was written under (the hub's Lease says so): another cluster holds the primary.
+    Deposed,
 }
 
 impl ReadOnlyReason {
@@ -74,6 +77,7 @@ impl ReadOnlyReason {
             ReadOnlyReason::Requested => "Requested",
             ReadOnlyReason::HubUnreachable => "HubUnreachable",
             ReadOnlyReason::ReplicaCluster => crate::api::mydatabase::REASON_REPLICA_CLUSTER,
+            ReadOnlyReason::Deposed => "Deposed",
         }
     }
 
@@ -83,6 +87,9 @@ impl ReadOnlyReason {
             ReadOnlyReason::Requested => "spec.readOnly is true",
             ReadOnlyReason::HubUnreachable => "the hub's lease is stale",
             ReadOnlyReason::ReplicaCluster => "a replica cluster of another cluster's primary",
+            ReadOnlyReason::Deposed => {
+                "another cluster was promoted under a higher primary term (bulkhead promote); read-only until the hub writes this copy anew"
+            }
         }
     }
 
@@ -93,11 +100,42 @@ impl ReadOnlyReason {
     }
 }
 
+/// The federation's primary term of each database (`namespace/name`) whose term a
+/// disaster promotion raised, as the hub's Lease in this cluster last said.
+pub type PrimaryTerms = std::collections::BTreeMap<String, u64>;
+
+/// The primary term a copy was written under (annotation
+/// `federation.example.com/primary-term`; absent: 1).
+pub fn copy_term(database: &MyDatabase) -> u64 {
+    database
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(crate::api::ANNOTATION_PRIMARY_TERM))
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(1)
+}
+
 /// Whether `database` serves read-only: fencing wins the reason; `spec.readOnly` is never
-/// cleared by unfencing; a replica cluster is read-only for as long as it is one.
-pub fn read_only_reason(database: &MyDatabase, fenced: bool) -> Option<ReadOnlyReason> {
+/// cleared by unfencing; a replica cluster is read-only for as long as it is one; a copy
+/// written under a lower primary term than `terms` has for it is deposed.
+pub fn read_only_reason(
+    database: &MyDatabase,
+    fenced: bool,
+    terms: &PrimaryTerms,
+) -> Option<ReadOnlyReason> {
+    let key = format!(
+        "{}/{}",
+        database.metadata.namespace.as_deref().unwrap_or_default(),
+        database.metadata.name.as_deref().unwrap_or_default()
+    );
+    let deposed = terms
+        .get(&key)
+        .is_some_and(|term| *term > copy_term(database));
     if fenced {
         Some(ReadOnlyReason::HubUnreachable)
+    } else if deposed {
+        Some(ReadOnlyReason::Deposed)
     } else if database.spec.read_only {
         Some(ReadOnlyReason::Requested)
     } else if replica_source(database).is_some() {
@@ -981,11 +1019,11 @@ mod tests {
             }),
             ..Default::default()
         });
-        let reason = read_only_reason(&db, false);
+        let reason = read_only_reason(&db, false, &PrimaryTerms::new());
         assert_eq!(reason, Some(ReadOnlyReason::ReplicaCluster));
         assert!(!ReadOnlyReason::ReplicaCluster.fences());
         assert_eq!(
-            read_only_reason(&db, true),
+            read_only_reason(&db, true, &PrimaryTerms::new()),
             Some(ReadOnlyReason::HubUnreachable),
             "a fence still says so"
         );
@@ -999,21 +1037,49 @@ mod tests {
         );
     }
 
+    /// A copy written under a lower primary term than the hub's Lease carries for it
+    /// takes no write, fenced or not; written anew under that term it follows its spec.
+    #[test]
+    fn a_copy_under_a_lower_primary_term_is_deposed() {
+        let mut db = orders();
+        db.metadata.namespace = Some("shop".into());
+        let terms = PrimaryTerms::from([("shop/orders".to_string(), 2)]);
+        assert_eq!(
+            read_only_reason(&db, false, &terms),
+            Some(ReadOnlyReason::Deposed)
+        );
+        assert!(ReadOnlyReason::Deposed.fences());
+        let other = PrimaryTerms::from([("shop/ledger".to_string(), 2)]);
+        assert_eq!(read_only_reason(&db, false, &other), None);
+        db.metadata.annotations = Some(
+            [(
+                crate::api::ANNOTATION_PRIMARY_TERM.to_string(),
+                "2".to_string(),
+            )]
+            .into(),
+        );
+        assert_eq!(read_only_reason(&db, false, &terms), None);
+        assert_eq!(
+            read_only_reason(&db, true, &terms),
+            Some(ReadOnlyReason::HubUnreachable)
+        );
+    }
+
     #[test]
     fn fencing_adds_to_read_only_and_never_clears_it() {
         let mut db = orders();
-        assert_eq!(read_only_reason(&db, false), None);
+        assert_eq!(read_only_reason(&db, false, &PrimaryTerms::new()), None);
         assert_eq!(
-            read_only_reason(&db, true),
+            read_only_reason(&db, true, &PrimaryTerms::new()),
             Some(ReadOnlyReason::HubUnreachable)
         );
         db.spec.read_only = true;
         assert_eq!(
-            read_only_reason(&db, false),
+            read_only_reason(&db, false, &PrimaryTerms::new()),
             Some(ReadOnlyReason::Requested)
         );
         assert_eq!(
-            read_only_reason(&db, true),
+            read_only_reason(&db, true, &PrimaryTerms::new()),
             Some(ReadOnlyReason::HubUnreachable)
         );
     }

@@ -173,6 +173,7 @@ pub async fn watch_lease(
     client: Client,
     settings: FenceSettings,
     fenced: watch::Sender<bool>,
+    terms: crate::agent::instances::Terms,
     recorder: Recorder,
     shutdown: CancellationToken,
 ) {
@@ -237,6 +238,13 @@ pub async fn watch_lease(
             _ = tokio::time::sleep_until(wake.into()) => {}
             event = events.next() => match event {
                 Some(Ok(WatchEvent::Apply(lease) | WatchEvent::InitApply(lease))) => {
+                    // Read before the renewal counts: an unfence never comes before the
+                    // terms that came with it.
+                    let carried = primary_terms(&lease);
+                    if **terms.load() != carried {
+                        tracing::warn!(terms = ?carried, "the hub's lease carries primary terms: copies written under a lower one stay read-only");
+                        terms.store(std::sync::Arc::new(carried));
+                    }
                     let spec = lease.spec.unwrap_or_default();
                     let duration = spec.lease_duration_seconds.map(|s| Duration::from_secs(s.max(0) as u64));
                     tracker.observe(spec.renew_time.as_ref(), duration, Instant::now());
@@ -251,9 +259,46 @@ pub async fn watch_lease(
     }
 }
 
+/// The primary terms the hub's Lease carries (annotation
+/// `federation.example.com/primary-terms`); none when absent. Entries that do not parse are
+/// skipped, and only terms above 1 count (1 is every copy's).
+pub fn primary_terms(lease: &Lease) -> crate::agent::builders::PrimaryTerms {
+    lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(crate::api::ANNOTATION_PRIMARY_TERMS))
+        .and_then(|json| {
+            serde_json::from_str::<std::collections::BTreeMap<String, serde_json::Value>>(json)
+                .map_err(|error| tracing::warn!(%error, "the hub's lease carries primary terms that do not parse"))
+                .ok()
+        })
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|(key, term)| Some((key, term.as_u64().filter(|t| *t > 1)?)))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_lease_carries_primary_terms_above_1() {
+        let mut lease = Lease::default();
+        assert!(primary_terms(&lease).is_empty());
+        lease.metadata.annotations = Some(
+            [(
+                crate::api::ANNOTATION_PRIMARY_TERMS.to_string(),
+                r#"{"shop/orders": 3, "shop/ledger": 1, "shop/bad": "x"}"#.to_string(),
+            )]
+            .into(),
+        );
+        assert_eq!(
+            primary_terms(&lease),
+            [("shop/orders".to_string(), 3)].into()
+        );
+    }
 
     #[test]
     fn the_lease_watch_is_retried_within_2_s_and_from_the_start_once_it_works() {

@@ -54,7 +54,13 @@ pub struct InstanceSettings {
     pub request_timeout: Duration,
     /// The pod annotation holding a pod's address from other clusters (None: its IP).
     pub external_address_annotation: Option<String>,
+    /// The primary terms the hub's Lease carries (see `fence.rs`).
+    pub terms: Terms,
 }
+
+/// The primary terms the hub's Lease last carried, shared by the Lease watcher, the
+/// instance loop and the reconciler.
+pub type Terms = std::sync::Arc<arc_swap::ArcSwap<builders::PrimaryTerms>>;
 
 impl Default for InstanceSettings {
     fn default() -> Self {
@@ -63,6 +69,7 @@ impl Default for InstanceSettings {
             failover_after: Duration::from_secs(5),
             request_timeout: Duration::from_secs(1),
             external_address_annotation: None,
+            terms: Terms::default(),
         }
     }
 }
@@ -387,7 +394,11 @@ impl Loop {
         if from_status.term >= tracked.recorded.term {
             tracked.recorded = from_status;
         }
-        let read_only = builders::read_only_reason(&database, *self.fenced.borrow());
+        let read_only = builders::read_only_reason(
+            &database,
+            *self.fenced.borrow(),
+            &self.settings.terms.load(),
+        );
         let replica_of = builders::replica_source(&database);
         let synchronous = database
             .spec

@@ -131,6 +131,7 @@ pub async fn run(options: AgentOptions) -> Result<()> {
     let recorder = Recorder::new(client.clone(), reporter);
 
     let (fenced_tx, fenced_rx) = watch::channel(!options.no_fencing);
+    let terms = instances::Terms::default();
     if options.no_fencing {
         tracing::warn!(
             "fencing disabled (--no-fencing): databases stay writable whatever the hub does"
@@ -146,6 +147,7 @@ pub async fn run(options: AgentOptions) -> Result<()> {
             client.clone(),
             settings,
             fenced_tx,
+            terms.clone(),
             recorder.clone(),
             process.shutdown.clone(),
         ));
@@ -173,6 +175,7 @@ pub async fn run(options: AgentOptions) -> Result<()> {
         instances::InstanceSettings {
             failover_after: Duration::from_secs_f64(options.failover_after_seconds),
             external_address_annotation: options.external_address_annotation.clone(),
+            terms: terms.clone(),
             ..Default::default()
         },
         process.shutdown.clone(),
@@ -181,21 +184,24 @@ pub async fn run(options: AgentOptions) -> Result<()> {
         let database = rx.recv().await?;
         Some((database, rx))
     });
-    let context = Arc::new(Context::new(
-        client.clone(),
-        process.metrics.clone(),
-        agent_metrics,
-        recorder,
-        fenced_rx,
-        Duration::from_secs(options.reconcile_timeout_seconds),
-        views,
-        builders::PodSettings {
-            instance_image: options.instance_image.clone(),
-            agent_lease_seconds: options.lease_duration_seconds,
-            node_selector: options.database_node_selector.iter().cloned().collect(),
-            tolerations: options.database_toleration.clone(),
-        },
-    ));
+    let context = Arc::new(
+        Context::new(
+            client.clone(),
+            process.metrics.clone(),
+            agent_metrics,
+            recorder,
+            fenced_rx,
+            Duration::from_secs(options.reconcile_timeout_seconds),
+            views,
+            builders::PodSettings {
+                instance_image: options.instance_image.clone(),
+                agent_lease_seconds: options.lease_duration_seconds,
+                node_selector: options.database_node_selector.iter().cloned().collect(),
+                tolerations: options.database_toleration.clone(),
+            },
+        )
+        .with_terms(terms),
+    );
     let databases: Api<MyDatabase> = match &options.namespace {
         Some(namespace) => Api::namespaced(client.clone(), namespace),
         None => Api::all(client.clone()),

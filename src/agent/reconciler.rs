@@ -111,11 +111,19 @@ pub struct Context {
     pub views: Views,
     /// What every database pod gets from the agent's settings.
     pub pod_settings: PodSettings,
+    /// The primary terms the hub's Lease carries (see `fence.rs`).
+    pub terms: crate::agent::instances::Terms,
     failures: Mutex<HashMap<String, u32>>,
     phases: Mutex<HashMap<String, DatabasePhase>>,
 }
 
 impl Context {
+    /// Shares the primary terms the Lease watcher keeps.
+    pub fn with_terms(mut self, terms: crate::agent::instances::Terms) -> Self {
+        self.terms = terms;
+        self
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         client: Client,
@@ -136,6 +144,7 @@ impl Context {
             reconcile_timeout,
             views,
             pod_settings,
+            terms: Default::default(),
             failures: Mutex::new(HashMap::new()),
             phases: Mutex::new(HashMap::new()),
         }
@@ -342,7 +351,7 @@ async fn apply(database: &MyDatabase, context: &Context) -> Result<Action, Recon
     };
 
     let fenced = *context.fenced.borrow();
-    let read_only = builders::read_only_reason(database, fenced);
+    let read_only = builders::read_only_reason(database, fenced, &context.terms.load());
     let client = &context.client;
     let read_write_services = builders::read_write_services(database, read_only);
 

@@ -159,6 +159,14 @@ pub fn compute_status(observed: &Observed) -> MyDatabaseStatus {
             },
         ),
         Some(ReadOnlyReason::Requested) => (true, "Requested", "spec.readOnly is true".to_string()),
+        Some(ReadOnlyReason::Deposed) => (
+            true,
+            "Deposed",
+            format!(
+                "{}: the hub's lease says so; writes go to the cluster the hub promoted",
+                ReadOnlyReason::Deposed.words()
+            ),
+        ),
         Some(ReadOnlyReason::ReplicaCluster) => (
             true,
             crate::api::mydatabase::REASON_REPLICA_CLUSTER,
@@ -252,6 +260,8 @@ pub fn compute_status(observed: &Observed) -> MyDatabaseStatus {
         // Recorded by the hub on its template, never in a member.
         primary_cluster: None,
         aborted_switchover: None,
+        primary_term: None,
+        promotion: None,
         replicas: counts.current,
         ready_replicas: counts.ready,
         // Before the StatefulSet controller has seen the spec just applied, its counts are

@@ -59,6 +59,18 @@ pub const ANNOTATION_SWITCHOVER_STARTED: &str = "federation.example.com/switchov
 /// Annotation on the new primary cluster's copy once the hub told it to promote (the old
 /// primary cluster's name): from then on the switchover only goes forward.
 pub const ANNOTATION_SWITCHOVER_PROMOTED: &str = "federation.example.com/switchover-promoted";
+/// Annotation on a hub MyDatabase with replica clusters, set by `bulkhead promote
+/// --accept-data-loss`: the cluster to promote while the primary cluster is lost. The hub
+/// removes it once the promotion is recorded (or refused: `status.promotion` says why).
+pub const ANNOTATION_PROMOTE: &str = "federation.example.com/promote";
+/// Annotation on a member copy of a MyDatabase with replica clusters: the federation's
+/// primary term it was written under (absent: 1). A disaster promotion raises the term.
+pub const ANNOTATION_PRIMARY_TERM: &str = "federation.example.com/primary-term";
+/// Annotation on the hub's fencing Lease in each member: a JSON object of `namespace/name`
+/// to the primary term of each MyDatabase whose term a disaster promotion raised. A copy
+/// written under a lower term is deposed: its agent keeps it read-only, whatever the
+/// Lease's freshness, until the hub writes it anew under the new term.
+pub const ANNOTATION_PRIMARY_TERMS: &str = "federation.example.com/primary-terms";
 /// Label naming the template a member copy belongs to: a hash of `<namespace>.<name>`
 /// (always a valid label value); the annotation of the same key holds the full name.
 pub const LABEL_BINDING: &str = "federation.example.com/binding";

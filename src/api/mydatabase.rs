@@ -321,6 +321,17 @@ pub struct MyDatabaseStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub aborted_switchover: Option<AbortedSwitchover>,
 
+    /// On the hub, with replica clusters: the federation's primary term (absent: 1). A
+    /// disaster promotion raises it; a copy written under a lower term never takes a
+    /// write (its agent keeps it read-only until the hub writes it anew).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary_term: Option<u64>,
+
+    /// On the hub, with replica clusters: the last disaster promotion asked for with
+    /// `bulkhead promote --accept-data-loss`, done or refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub promotion: Option<DisasterPromotion>,
+
     /// In a member: the instance (pod) the agent made primary. Recorded before the
     /// instance is promoted, so a restarted agent or an old primary finds the decision.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -357,6 +368,25 @@ pub struct AbortedSwitchover {
     pub time: String,
     /// Where it stood and why it did not go on.
     pub message: String,
+}
+
+/// A promotion of a replica cluster while the primary cluster is lost, accepting the
+/// loss of what it had not sent.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct DisasterPromotion {
+    /// The primary cluster that was lost.
+    pub from: String,
+    /// The cluster asked to hold the primary.
+    pub to: String,
+    /// When the hub recorded it (RFC 3339).
+    pub time: String,
+    /// The primary term it raised (0 when refused).
+    #[serde(default)]
+    pub term: u64,
+    /// Refused: why (nothing changed). Empty when done.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub refused: String,
 }
 
 fn is_zero(n: &u64) -> bool {

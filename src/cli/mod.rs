@@ -6,6 +6,7 @@ pub mod get;
 pub mod join;
 pub mod member_guard;
 pub mod plan;
+pub mod promote;
 pub mod rollout;
 pub mod switchover;
 
@@ -62,6 +63,9 @@ pub enum Command {
     /// Move the primary of a MyDatabase with replica clusters to another cluster of its
     /// placement, e.g. `bulkhead switchover db/orders --to west` (docs/mydatabase.md).
     Switchover(switchover::SwitchoverOptions),
+    /// Promote a replica cluster of a MyDatabase while its primary cluster is lost, e.g.
+    /// `bulkhead promote db/orders --cluster east --accept-data-loss` (docs/mydatabase.md).
+    Promote(promote::PromoteOptions),
     /// Run one PostgreSQL instance in a database pod (the container's entrypoint): create
     /// its data, supervise `postgres`, carry out the role the agent decides.
     Instance(crate::instance::InstanceOptions),
@@ -87,6 +91,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Get(options) => get::run(&options).await?,
         Command::Rollout(options) => rollout::run(&options).await?,
         Command::Switchover(options) => switchover::run(&options).await?,
+        Command::Promote(options) => promote::run(&options).await?,
         Command::Instance(options) => crate::instance::run(options).await?,
         Command::CopyBinary { destination } => crate::instance::copy_binary(&destination)?,
     }

@@ -46,7 +46,7 @@ pub fn database_name(text: &str) -> Result<&str> {
         "mydatabases.example.com",
     ];
     if !known.contains(&kind.as_str()) || name.is_empty() {
-        bail!("`{text}`: a switchover moves a MyDatabase; give db/<name>, e.g. db/orders");
+        bail!("`{text}`: this acts on a MyDatabase; give db/<name>, e.g. db/orders");
     }
     Ok(name)
 }
@@ -90,24 +90,10 @@ pub fn refusal(
         ));
     }
     for cluster in &placed {
-        let ready = members
-            .iter()
-            .find(|m| m.metadata.name.as_deref() == Some(*cluster))
-            .and_then(|m| m.status.as_ref())
-            .and_then(|s| find_condition(&s.conditions, "Ready"));
-        match ready {
-            Some(c) if c.status == "True" => {}
-            Some(c) => {
-                return Some(format!(
-                    "{cluster} is not Ready ({}: {}); a switchover needs every cluster of the placement Ready",
-                    c.reason, c.message
-                ));
-            }
-            None => {
-                return Some(format!(
-                    "{cluster} reports no Ready condition; a switchover needs every cluster of the placement Ready"
-                ));
-            }
+        if let Some(why) = member_not_ready(members, cluster) {
+            return Some(format!(
+                "{cluster} is not Ready ({why}); a switchover needs every cluster of the placement Ready"
+            ));
         }
     }
     let role = status
@@ -123,18 +109,43 @@ pub fn refusal(
     None
 }
 
-pub async fn run(options: &SwitchoverOptions) -> Result<()> {
-    let name = database_name(&options.database)?;
-    let namespace = options.namespace.as_str();
-    let to = options.to.as_str();
-    let client = connect(&options.client)
-        .await
-        .context("connecting to the hub")?;
+/// The hub MyDatabase `db/<name>` in `namespace`: its name, the hub's client, the API
+/// and the object as read.
+pub async fn hub_database(
+    client: &ClientOptions,
+    database: &str,
+    namespace: &str,
+) -> Result<(String, kube::Client, Api<MyDatabase>, MyDatabase)> {
+    let name = database_name(database)?;
+    let client = connect(client).await.context("connecting to the hub")?;
     let databases: Api<MyDatabase> = Api::namespaced(client.clone(), namespace);
-    let database = databases
+    let read = databases
         .get(name)
         .await
         .with_context(|| format!("reading MyDatabase {namespace}/{name} on the hub"))?;
+    Ok((name.to_string(), client, databases, read))
+}
+
+/// Why a MemberCluster does not say Ready (None: it does).
+pub fn member_not_ready(members: &[MemberCluster], cluster: &str) -> Option<String> {
+    let ready = members
+        .iter()
+        .find(|m| m.metadata.name.as_deref() == Some(cluster))
+        .and_then(|m| m.status.as_ref())
+        .and_then(|s| find_condition(&s.conditions, "Ready"));
+    match ready {
+        Some(c) if c.status == "True" => None,
+        Some(c) => Some(format!("{}: {}", c.reason, c.message)),
+        None => Some("no Ready condition".into()),
+    }
+}
+
+pub async fn run(options: &SwitchoverOptions) -> Result<()> {
+    let namespace = options.namespace.as_str();
+    let to = options.to.as_str();
+    let (name, client, databases, database) =
+        hub_database(&options.client, &options.database, namespace).await?;
+    let name = name.as_str();
     let binding = Api::<ResourceBinding>::namespaced(client.clone(), namespace)
         .get_opt(&crate::hub::federation::scheduler::binding_name(
             name,

@@ -346,12 +346,19 @@ pub async fn run_membership(
         move |name, cancel| prober::probe_member(prober_context.clone(), name, cancel),
     ));
 
+    let terms = membership::terms::Terms::default();
+    let terms_task = tokio::spawn(membership::terms::run(
+        hub.clone(),
+        terms.clone(),
+        shutdown.clone(),
+    ));
     let lease_settings = lease::LeaseSettings {
         leadership: state.leadership.clone(),
         evidence: state.evidence.clone(),
         identity,
         renew_interval: options.lease_renew_interval,
         duration: options.lease_duration,
+        terms,
     };
     let lease_registry = state.registry.clone();
     let lease_metrics = hub_metrics.clone();
@@ -442,6 +449,7 @@ pub async fn run_membership(
     shutdown.cancelled().await;
     for task in [
         registry_task,
+        terms_task,
         probers,
         leases,
         token_tasks,

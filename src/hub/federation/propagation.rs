@@ -111,6 +111,9 @@ pub struct ReplicaClusters {
     /// When the switchover started (RFC 3339), recorded on the old primary cluster's copy
     /// while it is on: the deadline counts from it.
     pub switchover_started: Option<String>,
+    /// The federation's primary term (1 until a disaster promotion raises it); written on
+    /// every copy when above 1.
+    pub term: u64,
 }
 
 /// What a cluster's copy is built from during a rollout.
@@ -578,6 +581,11 @@ fn replica_copy(
     }
     desired["metadata"]["annotations"][crate::api::ANNOTATION_PRIMARY_CLUSTER] =
         Value::String(primary.to_string());
+    if setup.term > 1 {
+        // Written under the raised term: the agent no longer counts the copy deposed.
+        desired["metadata"]["annotations"][crate::api::ANNOTATION_PRIMARY_TERM] =
+            Value::String(setup.term.to_string());
+    }
     crate::hub::federation::copies::restamp(&mut desired);
     Ok(desired)
 }
@@ -1227,6 +1235,7 @@ mod tests {
             credentials: ready.iter().map(|c| (c.to_string(), Ok(()))).collect(),
             switchover: Switchover::None,
             switchover_started: None,
+            term: 1,
         }
     }
 
@@ -1284,6 +1293,7 @@ mod tests {
             .into(),
             switchover: Switchover::None,
             switchover_started: None,
+            term: 1,
         };
         let plan_refused = super::plan(&PlanInput {
             replica_clusters: Some(&refused),
@@ -1410,6 +1420,7 @@ mod tests {
             credentials: BTreeMap::new(),
             switchover: Switchover::None,
             switchover_started: None,
+            term: 1,
         };
         let members = [member("east", None), member("west", None)];
         let plan = super::plan(&PlanInput {

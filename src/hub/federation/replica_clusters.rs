@@ -399,15 +399,55 @@ fn not_started<'a>(
     }) {
         return Some(why);
     }
-    if !copy(to)
-        .is_some_and(|c| runs_as_replica_cluster(&c.data["status"]) && last_position(c).is_some())
-    {
+    if !copy(to).is_some_and(streams_as_replica_cluster) {
         return Some(format!(
             "{to}'s copy does not run as a streaming replica cluster yet"
         ));
     }
     if !copy(primary).is_some_and(runs_a_primary) {
         return Some(format!("{primary} runs no primary to switch over from"));
+    }
+    None
+}
+
+/// The copy runs as a replica cluster and reports a WAL position.
+fn streams_as_replica_cluster(copy: &DynamicObject) -> bool {
+    runs_as_replica_cluster(&copy.data["status"]) && last_position(copy).is_some()
+}
+
+/// Why a disaster promotion of `to` while `primary` holds the primary may not be recorded;
+/// None: it may. Only for a primary cluster that does not answer (one that does moves
+/// its primary with a switchover, which loses nothing), to a placed, Ready cluster whose
+/// copy runs as a replica cluster with a reported position.
+pub fn promotion_refused<'a>(
+    primary: &str,
+    to: &str,
+    targets: &[TargetCluster],
+    copy: &dyn Fn(&str) -> Option<&'a DynamicObject>,
+    not_ready: &dyn Fn(&str) -> Option<String>,
+) -> Option<String> {
+    if to == primary {
+        return Some(format!("{to} already holds the primary"));
+    }
+    let placed = placed(targets);
+    if !placed.contains(&to) {
+        return Some(format!(
+            "{to} is not in the placement ({}); promote a placed cluster",
+            placed.join(", ")
+        ));
+    }
+    if let Some(why) = not_ready(to) {
+        return Some(format!("{to} is not Ready ({why})"));
+    }
+    if not_ready(primary).is_none() {
+        return Some(format!(
+            "{primary} is Ready and holds the primary: move it with `bulkhead switchover`, which loses nothing (a promotion is for a primary cluster lost for good)"
+        ));
+    }
+    if !copy(to).is_some_and(streams_as_replica_cluster) {
+        return Some(format!(
+            "{to}'s copy does not run as a replica cluster with a reported WAL position: it holds no data to promote"
+        ));
     }
     None
 }
@@ -643,6 +683,43 @@ mod tests {
         let named = json!({"spec": {"topology": {"primaryCluster": "east"}},
                            "status": {"primaryCluster": "east"}});
         assert_eq!(stage(&named, &dropped, &ready), Switchover::None);
+    }
+
+    /// A disaster promotion only of a placed, Ready replica cluster with data, and only
+    /// while the primary cluster does not answer.
+    #[test]
+    fn a_promotion_needs_a_lost_primary_cluster_and_a_replica_with_data() {
+        let primary_status = json!({"observedGeneration": 1, "primary": "orders-0",
+            "instances": [{"name": "orders-0", "role": "Primary", "lsn": "0/5000000"}]});
+        let west = database_copy(1, &[], primary_status);
+        let east = database_copy(1, &[], replica_status("0/4000000"));
+        let empty = database_copy(1, &[], json!({"observedGeneration": 1}));
+        let targets = [target("west", 1), target("east", 1)];
+        let west_lost = |c: &str| (c == "west").then(|| "unreachable".to_string());
+        let refused =
+            |to: &str, east: &DynamicObject, not_ready: &dyn Fn(&str) -> Option<String>| {
+                let copy = |cluster: &str| match cluster {
+                    "west" => Some(&west),
+                    "east" => Some(east),
+                    _ => None,
+                };
+                promotion_refused("west", to, &targets, &copy, not_ready)
+            };
+        assert_eq!(refused("east", &east, &west_lost), None);
+        let why = refused("east", &east, &|_| None).unwrap();
+        assert!(
+            why.contains("west is Ready") && why.contains("bulkhead switchover"),
+            "{why}"
+        );
+        let why = refused("north", &east, &west_lost).unwrap();
+        assert!(why.contains("north is not in the placement"), "{why}");
+        let why = refused("west", &east, &west_lost).unwrap();
+        assert!(why.contains("already holds the primary"), "{why}");
+        let both_lost = |_: &str| Some("unreachable".to_string());
+        let why = refused("east", &east, &both_lost).unwrap();
+        assert!(why.contains("east is not Ready"), "{why}");
+        let why = refused("east", &empty, &west_lost).unwrap();
+        assert!(why.contains("holds no data"), "{why}");
     }
 
     /// The stages as the copies show them, from the ask to the record; nothing starts

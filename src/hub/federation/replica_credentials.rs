@@ -14,15 +14,15 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{ApiResource, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 
-use crate::api::mydatabase::AbortedSwitchover;
+use crate::api::mydatabase::{AbortedSwitchover, DisasterPromotion};
 use crate::api::resource_binding::TargetCluster;
-use crate::api::{ANNOTATION_SWITCHOVER_STARTED, ANNOTATION_SWITCHOVER_TO};
+use crate::api::{ANNOTATION_PROMOTE, ANNOTATION_SWITCHOVER_STARTED, ANNOTATION_SWITCHOVER_TO};
 use crate::error::{ApiErrorKind, classify};
 use crate::hub::federation::context::{Context, full_template};
 use crate::hub::federation::placement::ClusterView;
 use crate::hub::federation::propagation::ReplicaClusters;
 use crate::hub::federation::replica_clusters::{
-    Switchover, aborted_recorded, enabled, primary_cluster, switchover,
+    Switchover, aborted_recorded, enabled, primary_cluster, promotion_refused, switchover,
 };
 use crate::hub::federation::scheduler::DesiredBinding;
 use crate::hub::federation::writer::{ObjectKey, create_namespace, short};
@@ -66,6 +66,7 @@ pub(super) async fn setup(
                 credentials: BTreeMap::new(),
                 switchover: Switchover::None,
                 switchover_started: None,
+                term: 1,
             });
         }
     };
@@ -82,8 +83,57 @@ pub(super) async fn setup(
         context.doubt(cluster)
     };
     let now = jiff::Timestamp::now();
-    let mut switchover = switchover(&value, &primary, targets, &order, &copy, &not_ready, now);
+    let mut term = value["status"]["primaryTerm"].as_u64().unwrap_or(1).max(1);
     let mut primary = primary;
+    // A disaster promotion asked for (`bulkhead promote --accept-data-loss`): recorded
+    // with the raised term before any copy is written under it, then the ask is removed.
+    if let Some(to) = value["metadata"]["annotations"][ANNOTATION_PROMOTE]
+        .as_str()
+        .filter(|to| !to.is_empty())
+    {
+        let refused = promotion_refused(&primary, to, targets, &copy, &not_ready);
+        let mut record = DisasterPromotion {
+            from: primary.clone(),
+            to: to.to_string(),
+            time: now.to_string(),
+            term: term + 1,
+            refused: String::new(),
+        };
+        let fields = match &refused {
+            None => serde_json::json!({
+                "primaryCluster": to,
+                "primaryTerm": term + 1,
+                "promotion": record,
+                "abortedSwitchover": null,
+            }),
+            Some(why) => {
+                record.term = 0;
+                record.refused = why.clone();
+                serde_json::json!({"promotion": record})
+            }
+        };
+        match patch_template_status(context, key, resource, template, fields).await {
+            Ok(()) => {
+                match &refused {
+                    None => {
+                        tracing::warn!(namespace = %key.namespace, name = %key.name, from = %primary, %to, term = term + 1, "disaster promotion recorded: what the old primary cluster had not sent is lost");
+                        primary = to.to_string();
+                        term += 1;
+                    }
+                    Some(why) => {
+                        tracing::warn!(namespace = %key.namespace, name = %key.name, %to, %why, "disaster promotion refused");
+                    }
+                }
+                if let Err(error) = remove_promote_ask(context, key, resource, template).await {
+                    tracing::warn!(namespace = %key.namespace, name = %key.name, %error, "cannot remove the promotion ask; tried again");
+                }
+            }
+            Err(error) => {
+                tracing::warn!(namespace = %key.namespace, name = %key.name, %error, "cannot record the disaster promotion; tried again");
+            }
+        }
+    }
+    let mut switchover = switchover(&value, &primary, targets, &order, &copy, &not_ready, now);
     match &switchover {
         Switchover::Done { to } => {
             // The new primary cluster runs its primary: recorded before anything follows it.
@@ -161,7 +211,31 @@ pub(super) async fn setup(
         credentials,
         switchover,
         switchover_started,
+        term,
     })
+}
+
+/// Removes the `federation.example.com/promote` ask from the hub template (its outcome is
+/// in `status.promotion`).
+async fn remove_promote_ask(
+    context: &Context,
+    key: &ObjectKey,
+    resource: &ApiResource,
+    template: &DynamicObject,
+) -> Result<(), kube::Error> {
+    let api = Api::<DynamicObject>::namespaced_with(context.hub.clone(), &key.namespace, resource);
+    let written = api
+        .patch(
+            &template.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&serde_json::json!({
+                "metadata": {"annotations": {ANNOTATION_PROMOTE: null}}
+            })),
+        )
+        .await?;
+    context.count_write("template");
+    context.remember_template(key, written);
+    Ok(())
 }
 
 /// Writes `status.primaryCluster` on the hub template, at once (not with the rest of the

@@ -33,14 +33,18 @@ pub struct LeaseSettings {
     pub renew_interval: Duration,
     /// Written as `leaseDurationSeconds`: how long the agent waits before fencing.
     pub duration: Duration,
+    /// The primary terms the Lease carries (see `terms`); nothing is renewed until the
+    /// templates were listed.
+    pub terms: crate::hub::membership::terms::Terms,
 }
 
 /// The Lease the hub applies: `renewTime` now, `acquireTime` when this hub started
-/// renewing this member.
+/// renewing this member, and the primary `terms` a disaster promotion raised.
 pub fn desired_lease(
     settings: &LeaseSettings,
     acquired: jiff::Timestamp,
     now: jiff::Timestamp,
+    terms: &BTreeMap<String, u64>,
 ) -> Lease {
     Lease {
         metadata: ObjectMeta {
@@ -50,6 +54,9 @@ pub fn desired_lease(
                 LABEL_MANAGED_BY.to_string(),
                 "bulkhead".to_string(),
             )])),
+            annotations: crate::hub::membership::terms::annotation(terms).map(|terms| {
+                BTreeMap::from([(crate::api::ANNOTATION_PRIMARY_TERMS.to_string(), terms)])
+            }),
             ..Default::default()
         },
         spec: Some(LeaseSpec {
@@ -94,11 +101,16 @@ pub async fn renew_member(
         let Some(handle) = registry.get(&name) else {
             break;
         };
+        let terms = settings.terms.load_full();
+        if terms.is_none() {
+            tracing::debug!(member = %name, "not renewing the fencing lease before the primary terms are listed");
+        }
         if let Some(client) = handle
             .control_client()
             .filter(|_| settings.leadership.is_leader())
+            && let Some(terms) = terms.as_ref()
         {
-            let lease = desired_lease(&settings, acquired, jiff::Timestamp::now());
+            let lease = desired_lease(&settings, acquired, jiff::Timestamp::now(), terms);
             let result = tokio::select! {
                 _ = cancel.cancelled() => break,
                 result = tokio::time::timeout(settings.renew_interval, renew(client, &lease)) => result,
@@ -182,11 +194,15 @@ mod tests {
             identity: "hub-1".into(),
             renew_interval: Duration::from_secs(2),
             duration: Duration::from_secs(10),
+            terms: Default::default(),
         };
         let now = jiff::Timestamp::now();
-        renew(&client, &desired_lease(&settings, now, now))
-            .await
-            .unwrap();
+        renew(
+            &client,
+            &desired_lease(&settings, now, now, &BTreeMap::new()),
+        )
+        .await
+        .unwrap();
         server.await.unwrap();
     }
 
@@ -198,11 +214,16 @@ mod tests {
             identity: "hub-1".into(),
             renew_interval: Duration::from_secs(2),
             duration: Duration::from_secs(10),
+            terms: Default::default(),
         };
         let acquired = jiff::Timestamp::from_second(100).unwrap();
         let now = jiff::Timestamp::from_second(130).unwrap();
-        let lease = desired_lease(&settings, acquired, now);
+        let lease = desired_lease(&settings, acquired, now, &BTreeMap::new());
         let json = serde_json::to_value(&lease).unwrap();
+        assert!(
+            json["metadata"]["annotations"].is_null(),
+            "no terms, no annotation"
+        );
         assert_eq!(json["apiVersion"], "coordination.k8s.io/v1");
         assert_eq!(json["kind"], "Lease");
         assert_eq!(json["metadata"]["namespace"], SYSTEM_NAMESPACE);
@@ -210,5 +231,14 @@ mod tests {
         assert_eq!(json["spec"]["leaseDurationSeconds"], 10);
         assert_eq!(json["spec"]["renewTime"], "1970-01-01T00:02:10.000000Z");
         assert_eq!(json["spec"]["acquireTime"], "1970-01-01T00:01:40.000000Z");
+        // A raised primary term travels with every renewal, as the agent reads it.
+        let terms = BTreeMap::from([("shop/orders".to_string(), 2)]);
+        let lease = desired_lease(&settings, acquired, now, &terms);
+        assert_eq!(
+            crate::agent::fence::primary_terms(&lease),
+            terms,
+            "{:?}",
+            lease.metadata.annotations
+        );
     }
 }

@@ -17,5 +17,6 @@ pub mod metrics;
 pub mod prober;
 pub mod taints;
 pub mod tasks;
+pub mod terms;
 pub mod tokens;
 pub mod zones;

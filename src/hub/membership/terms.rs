@@ -1,0 +1,102 @@
+//! The federation's primary terms (DESIGN.md section 6, replica clusters): the hub lists
+//! its MyDatabase templates and keeps the `status.primaryTerm` of each that a disaster
+//! promotion raised above 1. The fencing Lease carries them to every member (`lease`): a
+//! copy written under a lower term is deposed there and never takes a write, even after
+//! its cluster comes back from the partition that lost it the primary.
+//!
+//! The Lease is not renewed before the first complete list: a renewal without the terms
+//! would unfence a deposed primary.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use futures::StreamExt;
+use kube::api::{ApiResource, DynamicObject};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client, ResourceExt};
+use tokio_util::sync::CancellationToken;
+
+/// `namespace/name` -> primary term, for every template whose term is above 1; None until
+/// the templates were listed once.
+pub type Terms = Arc<ArcSwap<Option<BTreeMap<String, u64>>>>;
+
+/// The primary term a hub template's status records, when above 1.
+fn raised_term(template: &DynamicObject) -> Option<u64> {
+    template.data["status"]["primaryTerm"]
+        .as_u64()
+        .filter(|term| *term > 1)
+}
+
+fn key(template: &DynamicObject) -> String {
+    format!(
+        "{}/{}",
+        template.namespace().unwrap_or_default(),
+        template.name_any()
+    )
+}
+
+/// Keeps `terms` up to date until `shutdown`. Without the MyDatabase CRD on the hub there
+/// is no term to carry: the terms are published empty.
+pub async fn run(hub: Client, terms: Terms, shutdown: CancellationToken) {
+    let resource = ApiResource::erase::<crate::api::MyDatabase>(&());
+    let api: Api<DynamicObject> = Api::all_with(hub, &resource);
+    let mut events = watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    let mut seen: BTreeMap<String, u64> = BTreeMap::new();
+    let mut listing: BTreeMap<String, u64> = BTreeMap::new();
+    loop {
+        let event = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            event = events.next() => event,
+        };
+        match event {
+            Some(Ok(Event::Init)) => listing.clear(),
+            Some(Ok(Event::InitApply(template))) => {
+                if let Some(term) = raised_term(&template) {
+                    listing.insert(key(&template), term);
+                }
+            }
+            Some(Ok(Event::InitDone)) => {
+                seen = std::mem::take(&mut listing);
+                terms.store(Arc::new(Some(seen.clone())));
+            }
+            Some(Ok(Event::Apply(template))) => {
+                let changed = match raised_term(&template) {
+                    Some(term) => seen.insert(key(&template), term) != Some(term),
+                    None => seen.remove(&key(&template)).is_some(),
+                };
+                if changed {
+                    terms.store(Arc::new(Some(seen.clone())));
+                }
+            }
+            Some(Ok(Event::Delete(template))) => {
+                if seen.remove(&key(&template)).is_some() {
+                    terms.store(Arc::new(Some(seen.clone())));
+                }
+            }
+            Some(Err(error)) => {
+                let missing = matches!(
+                    &error,
+                    watcher::Error::InitialListFailed(kube::Error::Api(status)) if status.code == 404
+                );
+                if missing && terms.load().is_none() {
+                    tracing::info!(
+                        "no MyDatabase CRD on the hub: the fencing Lease carries no primary terms"
+                    );
+                    terms.store(Arc::new(Some(BTreeMap::new())));
+                } else if !missing {
+                    tracing::warn!(%error, "listing the MyDatabase templates' primary terms failed; retrying");
+                }
+            }
+            None => return,
+        }
+    }
+}
+
+/// The Lease annotation's value: the terms as a JSON object; None when there are none.
+pub fn annotation(terms: &BTreeMap<String, u64>) -> Option<String> {
+    (!terms.is_empty()).then(|| serde_json::to_string(terms).unwrap_or_default())
+}
