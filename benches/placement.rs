@@ -181,6 +181,7 @@ fn bench_place<M: Measurement>(c: &mut Criterion<M>, group_name: &str) {
             current: &current,
             now: jiff::Timestamp::UNIX_EPOCH,
             static_weights: None,
+            first_seat: None,
         };
         let result = place(&request);
         assert_eq!(result.scheduled, Ok(()), "{name}");
@@ -206,6 +207,7 @@ fn bench_place<M: Measurement>(c: &mut Criterion<M>, group_name: &str) {
             let resolved = StaticWeights::resolve(list, &clusters);
             let hub_request = PlacementRequest {
                 static_weights: Some(&resolved),
+                first_seat: None,
                 ..request
             };
             assert_eq!(place(&hub_request), result, "{name}: resolved weights");

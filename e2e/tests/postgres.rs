@@ -1928,3 +1928,91 @@ async fn a_promotion_that_accepts_data_loss_never_lets_the_old_primary_cluster_w
     assert!(lost.is_empty(), "west lacks east's writes: {lost:?}");
     Ok(())
 }
+
+/// A scale-down removes replica clusters, never the primary cluster: `orders` has 3
+/// replicas over west (the primary cluster, weight 1), east and north (weight 2 each),
+/// one each. Scaled to 2, plain Webster would drop west, the lightest; the primary
+/// cluster's first replica comes first, so north or east goes and west keeps the primary
+/// with every acknowledged write.
+#[tokio::test]
+async fn a_scale_down_removes_a_replica_cluster_not_the_primary_cluster() -> Result<()> {
+    use bulkhead_e2e::federation::{Federation, databases, policies};
+    use serde_json::json;
+
+    let federation = Federation::start_with_databases("pg-scaledown", &[]).await?;
+    let ns = federation.namespace.as_str();
+    let weight = |cluster: &str, weight: i64| json!({"targetCluster": {"clusterNames": [cluster]}, "weight": weight});
+    federation
+        .apply(
+            &policies(),
+            federation.policy(
+                "orders",
+                json!([{"apiVersion": "example.com/v1", "kind": "MyDatabase", "name": "orders"}]),
+                json!({"clusterAffinity": {"clusterNames": ["west", "east", "north"]},
+                       "replicaScheduling": {"type": "Divided", "divisionPreference": "Weighted",
+                           "weightPreference": {"staticWeightList": [
+                               weight("west", 1), weight("east", 2), weight("north", 2)]}}}),
+                json!({}),
+            ),
+        )
+        .await?;
+    federation
+        .apply(
+            &databases(),
+            json!({"apiVersion": "example.com/v1", "kind": "MyDatabase", "metadata": {"name": "orders"},
+                   "spec": {"replicas": 3, "version": "16", "storage": {"size": "1Gi"},
+                            "topology": {"acrossClusters": "ReplicaClusters", "primaryCluster": "west"}}}),
+        )
+        .await?;
+    let hub_log = || format!("hub log: {}", federation.hub_log().display());
+    let west = federation.members["west"].clone();
+    let primary = wait_streaming(&west, ns, "orders")
+        .await
+        .with_context(hub_log)?;
+    let credentials = app_credentials(&west, ns, "orders").await?;
+    write_rows(&connect(primary, &credentials).await?, 0..10, true).await?;
+    let template = federation.api("hub", &databases());
+    wait_hub_status(
+        &template,
+        "east and north run as replica clusters of west",
+        |s| {
+            s["primaryCluster"] == "west"
+                && row(s, "east")["role"] == "Replica"
+                && row(s, "north")["role"] == "Replica"
+        },
+    )
+    .await
+    .with_context(hub_log)?;
+
+    template
+        .patch(
+            "orders",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"replicas": 2}})),
+        )
+        .await?;
+    let placed = federation
+        .wait_binding(
+            "orders-mydatabase",
+            "2 replicas over two clusters",
+            Duration::from_secs(60),
+            |b| {
+                let placed = bulkhead_e2e::federation::binding_replicas(b);
+                (placed.iter().filter(|(_, r)| *r > 0).count() == 2).then_some(placed)
+            },
+        )
+        .await
+        .with_context(hub_log)?;
+    assert!(
+        placed.iter().any(|(c, r)| c == "west" && *r == 1),
+        "the primary cluster keeps its replica: {placed:?}"
+    );
+    let status = template.get("orders").await?.data["status"].clone();
+    assert_eq!(status["primaryCluster"], "west", "{status}");
+    let primary = wait_streaming(&west, ns, "orders").await?;
+    write_rows(&connect(primary, &credentials).await?, 10..20, false).await?;
+    let (_, lost) = rows_and_lost(primary, &credentials, &(0..20).collect::<Vec<_>>()).await?;
+    assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
+    eprintln!("scaled 3 -> 2 with west (weight 1) the primary cluster: {placed:?}");
+    Ok(())
+}

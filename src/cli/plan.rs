@@ -393,6 +393,8 @@ fn plan_one(
         current: &[],
         now,
         static_weights: None,
+        // As the hub: a recorded primary cluster keeps its replica first.
+        first_seat: template["status"]["primaryCluster"].as_str(),
     };
     let result = place(&request);
     let tie = uid_tie(&request).map(|tie| tie_outcomes(&tie, SHOWN_OUTCOMES));

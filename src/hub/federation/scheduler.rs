@@ -259,6 +259,9 @@ pub fn desired_binding(
         current: &current,
         now,
         static_weights: resolved.as_deref(),
+        // Replica clusters: the primary cluster keeps a replica while the total allows, so
+        // a scale-down removes replica clusters first.
+        first_seat: template.data["status"]["primaryCluster"].as_str(),
     });
     let result = decision.into_result();
     let generation = template.metadata.generation;

@@ -80,6 +80,9 @@ pub(crate) struct Party<'a> {
     /// with distinct weights ties are rare, and hashing every name would cost more than
     /// the division.
     hash: Cell<Option<u64>>,
+    /// Its first seat comes before every other party's first seat (a positive weight
+    /// still needed).
+    first: bool,
 }
 
 impl<'a> Party<'a> {
@@ -89,7 +92,14 @@ impl<'a> Party<'a> {
             weight,
             prefix,
             hash: Cell::new(None),
+            first: false,
         }
+    }
+
+    /// The same party, its first seat handed out before every other party's.
+    pub(crate) fn seated_first(mut self) -> Self {
+        self.first = self.weight > 0;
+        self
     }
 
     fn hash(&self) -> u64 {
@@ -165,7 +175,10 @@ impl Ord for Seat<'_, '_> {
         let priority = match (self.k == 0, other.k == 0) {
             (true, false) => Ordering::Greater,
             (false, true) => Ordering::Less,
-            (true, true) => mine.weight.cmp(&theirs.weight),
+            (true, true) => mine
+                .first
+                .cmp(&theirs.first)
+                .then_with(|| mine.weight.cmp(&theirs.weight)),
             // weight_a / (2ka + 1) vs weight_b / (2kb + 1), exactly.
             (false, false) => {
                 let left = u128::from(mine.weight) * u128::from(2 * other.k + 1);

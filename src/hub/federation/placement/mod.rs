@@ -86,6 +86,10 @@ pub struct PlacementRequest<'a> {
     /// never on the template. None (or one resolved for another number of clusters):
     /// the kernel matches the list itself.
     pub static_weights: Option<&'a StaticWeights>,
+    /// A cluster whose first replica comes before every other cluster's first one when
+    /// replicas are divided (a MyDatabase's primary cluster of replica clusters: a
+    /// scale-down removes replica clusters first). Later replicas follow the weights.
+    pub first_seat: Option<&'a str>,
 }
 
 /// A staticWeightList resolved against a list of clusters: each cluster's weight and the
@@ -400,7 +404,9 @@ fn schedule(
                 slot.replicas = slot.cap.map_or(total, |cap| cap.min(total));
             }
         }
-        Mode::Weighted { .. } => divide_weighted(request.uid, total, minimum, slots)?,
+        Mode::Weighted { .. } => {
+            divide_weighted(request.uid, total, minimum, request.first_seat, slots)?
+        }
         Mode::Aggregated => fill_aggregated(total, minimum, current, &groups, slots)?,
     }
     spread::check_after_division(&groups, slots, total)
@@ -464,6 +470,7 @@ fn divide_weighted(
     uid: &str,
     total: u32,
     minimum: u32,
+    first_seat: Option<&str>,
     slots: &mut [Slot<'_>],
 ) -> Result<(), String> {
     let prefix = divide::stable_hash_prefix(uid);
@@ -472,7 +479,12 @@ fn divide_weighted(
     for (index, slot) in slots.iter().enumerate() {
         if slot.is_candidate() {
             members.push(index);
-            parties.push(Party::new(&slot.cluster.name, slot.weight, prefix));
+            let party = Party::new(&slot.cluster.name, slot.weight, prefix);
+            parties.push(if first_seat == Some(slot.cluster.name.as_str()) {
+                party.seated_first()
+            } else {
+                party
+            });
         }
     }
     if parties.iter().all(|p| p.weight == 0) {

@@ -141,6 +141,7 @@ fn run_kind(
         current,
         now: now(),
         static_weights: None,
+        first_seat: None,
     })
 }
 
@@ -231,6 +232,7 @@ fn kinds_without_replicas_are_duplicated_even_under_a_divided_policy() {
         current: &[],
         now: now(),
         static_weights: None,
+        first_seat: None,
     });
     assert_eq!(targets(&result), [("east", 1), ("north", 1), ("west", 1)]);
     assert_eq!(reason(&result, "north"), "selected: duplicated, 1 replica");
@@ -1172,6 +1174,7 @@ fn decide_then_render_equals_place() {
         current: &[],
         now: now(),
         static_weights: None,
+        first_seat: None,
     };
     let decision = decide(&request);
     let result = place(&request);
@@ -1195,6 +1198,7 @@ fn has_targets_tells_whether_a_write_is_needed() {
         current: &[],
         now: now(),
         static_weights: None,
+        first_seat: None,
     };
     let decision = decide(&request);
     assert!(decision.has_targets(&current(&[("east", 4), ("west", 2)])));
@@ -1700,6 +1704,7 @@ mod resolved_static_weights {
             current,
             now: now(),
             static_weights,
+            first_seat: None,
         }
     }
 
@@ -1748,4 +1753,46 @@ mod resolved_static_weights {
         let result = place(&request(&placement, &two, &[], 3, Some(&stale)));
         assert_eq!(targets(&result), [("east", 1), ("west", 2)]);
     }
+}
+
+/// Replica clusters: the primary cluster's first replica comes before every other
+/// cluster's first one, so a total smaller than the clusters drops replica clusters,
+/// never the primary cluster; later replicas follow the weights as before.
+#[test]
+fn the_first_seat_cluster_keeps_a_replica_when_the_total_drops_below_the_clusters() {
+    let placement = weighted(&[("east", 3), ("north", 2), ("west", 1)]);
+    let clusters = three();
+    let with = |replicas: i32, first_seat: Option<&'static str>| {
+        let placement = placement.clone();
+        let clusters = clusters.clone();
+        let request = PlacementRequest {
+            placement: &placement,
+            replicas,
+            divisible: true,
+            stateful: true,
+            uid: UID,
+            clusters: &clusters,
+            current: &[],
+            now: now(),
+            static_weights: None,
+            first_seat,
+        };
+        decide(&request)
+            .targets()
+            .into_iter()
+            .map(|t| (t.name, t.replicas))
+            .collect::<Vec<_>>()
+    };
+    let by_name = |pairs: &[(&str, i32)]| {
+        pairs
+            .iter()
+            .map(|(n, r)| (n.to_string(), *r))
+            .collect::<Vec<_>>()
+    };
+    // Without it, the lightest cluster goes first.
+    assert_eq!(with(2, None), by_name(&[("east", 1), ("north", 1)]));
+    assert_eq!(with(2, Some("west")), by_name(&[("east", 1), ("west", 1)]));
+    assert_eq!(with(1, Some("west")), by_name(&[("west", 1)]));
+    // Enough for every cluster: the weights decide as before.
+    assert_eq!(with(6, Some("west")), with(6, None));
 }
