@@ -87,10 +87,15 @@ pub(super) async fn setup(
     let mut primary = primary;
     // A disaster promotion asked for (`bulkhead promote --accept-data-loss`): recorded
     // with the raised term before any copy is written under it, then the ask is removed.
-    if let Some(to) = value["metadata"]["annotations"][ANNOTATION_PROMOTE]
+    let promote = value["metadata"]["annotations"][ANNOTATION_PROMOTE]
         .as_str()
-        .filter(|to| !to.is_empty())
-    {
+        .filter(|to| !to.is_empty());
+    if promote == Some(primary.as_str()) {
+        // Recorded already (the ask outlived its record): only the ask goes.
+        if let Err(error) = remove_promote_ask(context, key, resource, template).await {
+            tracing::warn!(namespace = %key.namespace, name = %key.name, %error, "cannot remove the promotion ask; tried again");
+        }
+    } else if let Some(to) = promote {
         let refused = promotion_refused(&primary, to, targets, &copy, &not_ready);
         let mut record = DisasterPromotion {
             from: primary.clone(),

@@ -78,14 +78,16 @@ pub async fn run(hub: Client, terms: Terms, shutdown: CancellationToken) {
                 }
             }
             Some(Err(error)) => {
+                // Without the CRD (or the right to list it) the hub federates no
+                // MyDatabase and knows of no term: fencing every member for it would be
+                // worse than carrying none.
                 let missing = matches!(
                     &error,
-                    watcher::Error::InitialListFailed(kube::Error::Api(status)) if status.code == 404
+                    watcher::Error::InitialListFailed(kube::Error::Api(status))
+                        if status.code == 404 || status.code == 403
                 );
                 if missing && terms.load().is_none() {
-                    tracing::info!(
-                        "no MyDatabase CRD on the hub: the fencing Lease carries no primary terms"
-                    );
+                    tracing::warn!(%error, "cannot list MyDatabase templates on the hub: the fencing Lease carries no primary terms");
                     terms.store(Arc::new(Some(BTreeMap::new())));
                 } else if !missing {
                     tracing::warn!(%error, "listing the MyDatabase templates' primary terms failed; retrying");
