@@ -492,6 +492,96 @@ async fn a_cut_off_zone_refuses_writes_in_the_server_and_keeps_serving_reads() -
 
 /// Figures for docs/benchmarks.md (printed, never asserted on time): replication lag at
 /// rest and under a steady write load, as the primary's `pg_stat_replication` reports it.
+/// The superuser's credentials of database `name` (its instance Secret):
+/// pg_stat_replication needs a privileged role, the application's user sees its own
+/// sessions only.
+async fn superuser(client: &Client, ns: &str, name: &str) -> Result<AppCredentials> {
+    let secret: k8s_openapi::api::core::v1::Secret = Api::namespaced(client.clone(), ns)
+        .get(&format!("{name}-instance"))
+        .await?;
+    Ok(AppCredentials {
+        user: "postgres".into(),
+        password: String::from_utf8(
+            secret.data.unwrap_or_default()["superuser-password"]
+                .0
+                .clone(),
+        )?,
+        dbname: "postgres".into(),
+    })
+}
+
+/// One sample of pg_stat_replication on a primary: bytes behind and replay lag of each
+/// standby (only those named `application` when given).
+async fn replication_sample(
+    observer: &tokio_postgres::Client,
+    application: Option<&str>,
+) -> Result<Vec<(i64, f64)>> {
+    Ok(observer
+        .query(
+            "SELECT (pg_current_wal_lsn() - replay_lsn)::bigint,
+                    coalesce(extract(epoch FROM replay_lag), 0)::float8
+             FROM pg_stat_replication
+             WHERE $1::text IS NULL OR application_name = $1::text",
+            &[&application],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect())
+}
+
+/// p50 and max of replication samples, in words.
+fn summary(samples: &[(i64, f64)]) -> String {
+    let mut bytes: Vec<i64> = samples.iter().map(|s| s.0).collect();
+    let mut seconds: Vec<f64> = samples.iter().map(|s| s.1).collect();
+    bytes.sort();
+    seconds.sort_by(f64::total_cmp);
+    let at = |n: usize, q: f64| ((n as f64 - 1.0) * q).round() as usize;
+    format!(
+        "{} samples: bytes behind p50 {} max {}; replay lag p50 {:.1} ms max {:.1} ms",
+        samples.len(),
+        bytes[at(bytes.len(), 0.5)],
+        bytes[bytes.len() - 1],
+        seconds[at(seconds.len(), 0.5)] * 1000.0,
+        seconds[seconds.len() - 1] * 1000.0
+    )
+}
+
+/// A steady load on `table` (`id bigserial, body text`): 200 single-row commits a second,
+/// each about 200 bytes, for 20 s, with `sample` taken every 250 ms meanwhile. The
+/// samples, the rows written and how long it took.
+async fn under_steady_load<F, Fut>(
+    writer: tokio_postgres::Client,
+    table: &str,
+    sample: F,
+) -> Result<(Vec<(i64, f64)>, u64, Duration)>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<(i64, f64)>>>,
+{
+    let insert = format!("INSERT INTO {table} (body) VALUES (repeat('x', 200))");
+    let load = tokio::spawn(async move {
+        let started = Instant::now();
+        let mut written = 0u64;
+        while started.elapsed() < Duration::from_secs(20) {
+            let tick = Instant::now();
+            for _ in 0..20 {
+                writer.execute(insert.as_str(), &[]).await?;
+                written += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(100).saturating_sub(tick.elapsed())).await;
+        }
+        anyhow::Ok((written, started.elapsed()))
+    });
+    let mut samples = vec![];
+    while !load.is_finished() {
+        samples.extend(sample().await?);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let (written, took) = load.await??;
+    Ok((samples, written, took))
+}
+
 #[tokio::test]
 async fn replication_lag_at_rest_and_under_a_steady_write_load() -> Result<()> {
     let cluster = "north";
@@ -503,49 +593,8 @@ async fn replication_lag_at_rest_and_under_a_steady_write_load() -> Result<()> {
     writer
         .batch_execute("CREATE TABLE orders (id bigserial PRIMARY KEY, body text)")
         .await?;
-    // pg_stat_replication needs a privileged role; the application's user sees its own
-    // sessions only. The superuser's password is in the instance Secret.
-    let secret: k8s_openapi::api::core::v1::Secret = Api::namespaced(client.clone(), ns)
-        .get("metrics-instance")
-        .await?;
-    let superuser = AppCredentials {
-        user: "postgres".into(),
-        password: String::from_utf8(
-            secret.data.unwrap_or_default()["superuser-password"]
-                .0
-                .clone(),
-        )?,
-        dbname: "postgres".into(),
-    };
-    let observer = connect(primary, &superuser).await?;
-    async fn sample(observer: &tokio_postgres::Client) -> Result<Vec<(i64, f64)>> {
-        Ok(observer
-            .query(
-                "SELECT (pg_current_wal_lsn() - replay_lsn)::bigint,
-                        coalesce(extract(epoch FROM replay_lag), 0)::float8
-                 FROM pg_stat_replication",
-                &[],
-            )
-            .await?
-            .iter()
-            .map(|r| (r.get(0), r.get(1)))
-            .collect())
-    }
-    fn summary(samples: &[(i64, f64)]) -> String {
-        let mut bytes: Vec<i64> = samples.iter().map(|s| s.0).collect();
-        let mut seconds: Vec<f64> = samples.iter().map(|s| s.1).collect();
-        bytes.sort();
-        seconds.sort_by(f64::total_cmp);
-        let at = |n: usize, q: f64| ((n as f64 - 1.0) * q).round() as usize;
-        format!(
-            "{} samples: bytes behind p50 {} max {}; replay lag p50 {:.1} ms max {:.1} ms",
-            samples.len(),
-            bytes[at(bytes.len(), 0.5)],
-            bytes[bytes.len() - 1],
-            seconds[at(seconds.len(), 0.5)] * 1000.0,
-            seconds[seconds.len() - 1] * 1000.0
-        )
-    }
+    let observer = connect(primary, &superuser(&client, ns, "metrics").await?).await?;
+    let sample = |observer| replication_sample(observer, None);
     let mut rest = vec![];
     for _ in 0..20 {
         rest.extend(sample(&observer).await?);
@@ -553,28 +602,7 @@ async fn replication_lag_at_rest_and_under_a_steady_write_load() -> Result<()> {
     }
     eprintln!("replication at rest (2 standbys): {}", summary(&rest));
 
-    // A steady load: 200 single-row commits a second, each about 200 bytes, for 20 s.
-    let load = tokio::spawn(async move {
-        let started = Instant::now();
-        let mut written = 0u64;
-        while started.elapsed() < Duration::from_secs(20) {
-            let tick = Instant::now();
-            for _ in 0..20 {
-                writer
-                    .execute("INSERT INTO orders (body) VALUES (repeat('x', 200))", &[])
-                    .await?;
-                written += 1;
-            }
-            tokio::time::sleep(Duration::from_millis(100).saturating_sub(tick.elapsed())).await;
-        }
-        anyhow::Ok((written, started.elapsed()))
-    });
-    let mut loaded = vec![];
-    while !load.is_finished() {
-        loaded.extend(sample(&observer).await?);
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    let (written, took) = load.await??;
+    let (loaded, written, took) = under_steady_load(writer, "orders", || sample(&observer)).await?;
     eprintln!(
         "replication under {:.0} commits/s ({written} in {took:?}, 2 standbys, asynchronous): {}",
         written as f64 / took.as_secs_f64(),
@@ -2014,5 +2042,40 @@ async fn a_scale_down_removes_a_replica_cluster_not_the_primary_cluster() -> Res
     let (_, lost) = rows_and_lost(primary, &credentials, &(0..20).collect::<Vec<_>>()).await?;
     assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
     eprintln!("scaled 3 -> 2 with west (weight 1) the primary cluster: {placed:?}");
+    Ok(())
+}
+
+/// Replica-cluster lag: `orders` over west (primary) and east (replica cluster); west's
+/// `pg_stat_replication` row of east's designated primary (application name
+/// `bulkhead_replica_cluster`), sampled at rest and under a steady write load on west.
+#[tokio::test]
+async fn replica_cluster_lag_at_rest_and_under_a_steady_write_load() -> Result<()> {
+    use bulkhead_e2e::federation::Federation;
+
+    let federation = Federation::start_with_databases("pg-fedlag", &[]).await?;
+    let ns = federation.namespace.as_str();
+    let (primary, credentials) = orders_streaming_west_to_east(&federation, 10).await?;
+    let west = federation.members["west"].clone();
+    let writer = connect(primary, &credentials).await?;
+    writer
+        .batch_execute("CREATE TABLE load (id bigserial PRIMARY KEY, body text)")
+        .await?;
+    let observer = connect(primary, &superuser(&west, ns, "orders").await?).await?;
+    let external = bulkhead::instance::postgres::EXTERNAL_APPLICATION_NAME;
+    let sample = || replication_sample(&observer, Some(external));
+    let mut rest = vec![];
+    for _ in 0..40 {
+        rest.extend(sample().await?);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(!rest.is_empty(), "east streams from west's primary");
+    eprintln!("replica cluster east at rest: {}", summary(&rest));
+    let (loaded, written, took) = under_steady_load(writer, "load", sample).await?;
+    eprintln!(
+        "replica cluster east under {:.0} commits/s on west ({written} in {took:?}): {}",
+        written as f64 / took.as_secs_f64(),
+        summary(&loaded)
+    );
+    assert!(!loaded.is_empty() && loaded.iter().all(|s| s.0 >= 0));
     Ok(())
 }
