@@ -474,14 +474,19 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
 /// The primary cluster of replica clusters when the placement no longer gives it
 /// replicas, as a target with the replicas its copy has: removing it would leave no
 /// writable copy anywhere, so it stays until a switchover moved the primary.
+/// Not when the whole database is scaled to zero (its target there has 0 replicas and no
+/// other cluster has any): that copy goes to 0 replicas as any copy does.
 fn kept_primary(input: &PlanInput<'_>) -> Option<TargetCluster> {
     let primary = input.replica_clusters?.primary.as_ref().ok()?;
-    if input
+    let placed_here = input.targets.iter().find(|t| t.name == *primary);
+    let placed_elsewhere = input
         .targets
         .iter()
-        .any(|t| t.name == *primary && t.replicas > 0)
-    {
-        return None;
+        .any(|t| t.name != *primary && t.replicas > 0);
+    match placed_here {
+        Some(t) if t.replicas > 0 => return None,
+        Some(_) if !placed_elsewhere => return None,
+        _ => {}
     }
     let copy = input.members.iter().find(|m| m.cluster == primary)?.copy?;
     Some(TargetCluster {
@@ -1490,6 +1495,21 @@ mod tests {
             "{:?}",
             plan.notes
         );
+        // Scaled to zero everywhere: the primary cluster's copy goes to 0 as any copy.
+        let zero = targets(&[("east", 0), ("west", 0), ("north", 0)]);
+        let plan = super::plan(&PlanInput {
+            replica_clusters: Some(&setup),
+            ..stateful(&template, &zero, &previous, &members)
+        });
+        assert!(
+            !plan
+                .notes
+                .get("east")
+                .is_some_and(|n| n.contains("holds the primary")),
+            "{:?}",
+            plan.notes
+        );
+        assert!(plan.deletes.is_empty(), "{:?}", plan.deletes);
         let new = targets(&[("east", 1), ("west", 1)]);
         let plan = super::plan(&PlanInput {
             replica_clusters: Some(&setup),
