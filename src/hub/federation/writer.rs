@@ -1682,7 +1682,9 @@ mod tests {
     /// evidence (here: the fencing-lease renewal failed), whatever the plan decided.
     #[tokio::test]
     async fn a_stateful_delete_is_held_back_until_every_cluster_is_trusted_again() {
-        let evidence = Evidence::new(Duration::from_millis(300));
+        // Freshness far above the renewals' 50 ms: a loaded test machine that stalls the
+        // renewer for a few hundred ms must not make the last step's evidence stale.
+        let evidence = Evidence::new(Duration::from_secs(3));
         let (writers, mut server, mut completed) = writers_with_evidence(evidence.clone());
         let listed = Instant::now();
         evidence.listed("east", listed);
