@@ -128,10 +128,17 @@ pub async fn hub_database(
 
 /// Why a MemberCluster does not say Ready (None: it does).
 pub fn member_not_ready(members: &[MemberCluster], cluster: &str) -> Option<String> {
-    let ready = members
+    let Some(member) = members
         .iter()
         .find(|m| m.metadata.name.as_deref() == Some(cluster))
-        .and_then(|m| m.status.as_ref())
+    else {
+        return Some(format!(
+            "no MemberCluster named {cluster} (`bulkhead get clusters` lists them)"
+        ));
+    };
+    let ready = member
+        .status
+        .as_ref()
         .and_then(|s| find_condition(&s.conditions, "Ready"));
     match ready {
         Some(c) if c.status == "True" => None,
@@ -288,6 +295,11 @@ mod tests {
         .unwrap();
         let ready = [member("east", true), member("west", true)];
         assert_eq!(refusal(&database, Some(&binding), &ready, "west"), None);
+        assert!(
+            member_not_ready(&ready, "south")
+                .is_some_and(|why| why.contains("no MemberCluster named south")),
+            "an unknown cluster is named as such"
+        );
         let cut = [member("east", false), member("west", true)];
         let why = refusal(&database, Some(&binding), &cut, "west").unwrap();
         assert!(
