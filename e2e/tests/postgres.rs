@@ -1174,7 +1174,8 @@ async fn place_on(
 }
 
 /// `orders` placed 1 + 1 in west then east as replica clusters (west holds the primary by
-/// the policy's order), `rows` rows written through west's primary and replayed in east.
+/// the policy's order), `rows` rows written through west's primary and replayed in east,
+/// and the hub's status naming west primary and east a replica cluster.
 /// West's primary and the application's credentials.
 async fn orders_streaming_west_to_east(
     federation: &bulkhead_e2e::federation::Federation,
@@ -1198,6 +1199,13 @@ async fn orders_streaming_west_to_east(
     wait_rows_everywhere(&east, ns, "orders-r", &credentials, rows.into(), 1)
         .await
         .with_context(hub_log)?;
+    wait_hub_status(
+        &federation.api("hub", &bulkhead_e2e::federation::databases()),
+        "the hub's status names west primary and east a replica cluster",
+        |s| s["primaryCluster"] == "west" && row(s, "east")["role"] == "Replica",
+    )
+    .await
+    .with_context(hub_log)?;
     Ok((primary, credentials))
 }
 
@@ -1644,12 +1652,6 @@ async fn a_switchover_whose_target_cannot_catch_up_is_aborted_and_the_old_primar
     let east = federation.members["east"].clone();
     let hub_log = || format!("hub log: {}", federation.hub_log().display());
     let template = federation.api("hub", &databases());
-    wait_hub_status(
-        &template,
-        "the hub's status shows east as a replica cluster",
-        |s| row(s, "east")["role"] == "Replica",
-    )
-    .await?;
     let cli = |to: &str| switchover_cli(&federation, to, 180);
     federation.lab.cut_database_pods("west")?;
     let asked = Instant::now();
@@ -1751,12 +1753,6 @@ async fn a_placement_that_drops_the_primary_cluster_switches_over_before_removin
     let east = federation.members["east"].clone();
     let hub_log = || format!("hub log: {}", federation.hub_log().display());
     let template = federation.api("hub", &databases());
-    wait_hub_status(
-        &template,
-        "the hub's status shows east as a replica cluster",
-        |s| s["primaryCluster"] == "west" && row(s, "east")["role"] == "Replica",
-    )
-    .await?;
     write_rows(&connect(primary, &credentials).await?, 10..20, false).await?;
 
     let changed = Instant::now();
@@ -1819,12 +1815,6 @@ async fn a_promotion_that_accepts_data_loss_never_lets_the_old_primary_cluster_w
     let [west, east] = ["west", "east"].map(|c| federation.members[c].clone());
     let hub_log = || format!("hub log: {}", federation.hub_log().display());
     let template = federation.api("hub", &databases());
-    wait_hub_status(
-        &template,
-        "the hub's status shows east as a replica cluster",
-        |s| s["primaryCluster"] == "west" && row(s, "east")["role"] == "Replica",
-    )
-    .await?;
     let west_instances = endpoints(&west, ns, "orders-r").await?;
 
     let partition = Partition::start(&federation.lab, "west")?;
