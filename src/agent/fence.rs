@@ -130,44 +130,6 @@ pub struct FenceSettings {
     pub unfence_after: Duration,
 }
 
-/// How soon the Lease watch is tried again after an error: from 100 ms, doubling, at
-/// most every 2 s, and from the start again once the watch delivers. kube's default
-/// (up to 30 s, and only reset after 120 s without errors) would keep every database of
-/// the cluster read-only for up to half a minute after its API server came back; the
-/// Lease is in the agent's own cluster, so trying every 2 s while it is down costs
-/// little.
-#[derive(Clone, Debug)]
-struct LeaseWatchBackoff {
-    next: Duration,
-}
-
-const LEASE_WATCH_RETRY_FIRST: Duration = Duration::from_millis(100);
-const LEASE_WATCH_RETRY_MAX: Duration = Duration::from_secs(2);
-
-impl Default for LeaseWatchBackoff {
-    fn default() -> Self {
-        LeaseWatchBackoff {
-            next: LEASE_WATCH_RETRY_FIRST,
-        }
-    }
-}
-
-impl Iterator for LeaseWatchBackoff {
-    type Item = Duration;
-
-    fn next(&mut self) -> Option<Duration> {
-        let delay = self.next;
-        self.next = (self.next * 2).min(LEASE_WATCH_RETRY_MAX);
-        Some(delay)
-    }
-}
-
-impl kube::runtime::utils::Backoff for LeaseWatchBackoff {
-    fn reset(&mut self) {
-        *self = LeaseWatchBackoff::default();
-    }
-}
-
 /// Watches the Lease and publishes the decision on `fenced` until shutdown.
 pub async fn watch_lease(
     client: Client,
@@ -180,7 +142,7 @@ pub async fn watch_lease(
     let api: Api<Lease> = Api::namespaced(client, &settings.namespace);
     let config = watcher::Config::default().fields(&format!("metadata.name={}", settings.name));
     let mut events = watcher::watcher(api, config)
-        .backoff(LeaseWatchBackoff::default())
+        .backoff(crate::client::WatchBackoff::default())
         .boxed();
     let mut tracker = FenceTracker::new(settings.lease_duration, settings.unfence_after);
     let lease_ref = k8s_openapi::api::core::v1::ObjectReference {
@@ -298,16 +260,6 @@ mod tests {
             primary_terms(&lease),
             [("shop/orders".to_string(), 3)].into()
         );
-    }
-
-    #[test]
-    fn the_lease_watch_is_retried_within_2_s_and_from_the_start_once_it_works() {
-        use kube::runtime::utils::Backoff;
-        let mut backoff = LeaseWatchBackoff::default();
-        let delays: Vec<u128> = backoff.by_ref().take(7).map(|d| d.as_millis()).collect();
-        assert_eq!(delays, [100, 200, 400, 800, 1600, 2000, 2000]);
-        backoff.reset();
-        assert_eq!(backoff.next(), Some(Duration::from_millis(100)));
     }
 
     fn renewal(second: i64) -> MicroTime {

@@ -240,12 +240,12 @@ pub async fn run(
     let (databases, databases_writer) = reflector::store();
     let (pods, pods_writer) = reflector::store();
     let database_watch = watcher(databases_api, watcher::Config::default())
-        .default_backoff()
+        .backoff(crate::client::WatchBackoff::default())
         .reflect(databases_writer)
         .for_each(|_| async {});
     let children = format!("app.kubernetes.io/managed-by=bulkhead-agent,{LABEL_DATABASE}");
     let pod_watch = watcher(pods_api, watcher::Config::default().labels(&children))
-        .default_backoff()
+        .backoff(crate::client::WatchBackoff::default())
         .reflect(pods_writer)
         .for_each(|_| async {});
     let (statefulsets, statefulsets_writer) = reflector::store();
@@ -253,7 +253,7 @@ pub async fn run(
         statefulsets_api,
         watcher::Config::default().labels(&children),
     )
-    .default_backoff()
+    .backoff(crate::client::WatchBackoff::default())
     .reflect(statefulsets_writer)
     .for_each(|_| async {});
     let watches = tokio::spawn(async move {

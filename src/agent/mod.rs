@@ -219,6 +219,7 @@ pub async fn run(options: AgentOptions) -> Result<()> {
 
     let shutdown = process.shutdown.clone();
     Controller::new(databases, watcher::Config::default())
+        .trigger_backoff(crate::client::WatchBackoff::default())
         .owns(statefulsets, children.clone())
         .owns(services, children)
         .reconcile_all_on(fence_changes)

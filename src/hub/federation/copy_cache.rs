@@ -365,7 +365,7 @@ fn start_watches(client: &Client, kinds: &Kinds, cluster: &str) -> (ClusterCopie
         streams.push(
             watcher(api, config)
                 .modify(move |o: &mut DynamicObject| slim_copy(o, &interpretation))
-                .default_backoff()
+                .backoff(crate::client::WatchBackoff::default())
                 // The store first, as a reflector does: whoever the event wakes reads
                 // the copy as it now is.
                 .inspect(move |event| {
