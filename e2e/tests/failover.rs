@@ -520,8 +520,7 @@ async fn a_member_api_server_crash_is_a_partition_and_loses_nothing() -> Result<
     let restarted = Instant::now();
     let (back, lowest) = converge_back(&federation, Duration::from_secs(90)).await?;
     // Writable again once the agent sees the hub's renewals and its controller writes
-    // the status: its watches of the restarted API server come back with kube's
-    // backoff (up to 30 s after a long outage), measured 1.6 s to more than 20 s here.
+    // the status: its watches of the restarted API server retry at most every 2 s.
     wait_database(
         &federation,
         "east",
