@@ -1234,6 +1234,27 @@ async fn wait_hub_status(
     .await
 }
 
+/// Every member's fencing Lease carries primary term `term` (or a higher one) for
+/// `database` (`namespace/name`).
+async fn assert_terms_carried(
+    federation: &bulkhead_e2e::federation::Federation,
+    database: &str,
+    term: u64,
+) -> Result<()> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    for (cluster, client) in &federation.members {
+        let lease = Api::<Lease>::namespaced(client.clone(), bulkhead::api::SYSTEM_NAMESPACE)
+            .get("bulkhead-hub")
+            .await?;
+        let carried = bulkhead::agent::fence::primary_terms(&lease);
+        assert!(
+            carried.get(database).is_some_and(|t| *t >= term),
+            "{cluster}'s Lease carries {carried:?}, not term {term} of {database}"
+        );
+    }
+    Ok(())
+}
+
 /// `bulkhead switchover db/orders --to <to>` against the hub, waiting `timeout` seconds.
 fn switchover_cli(
     federation: &bulkhead_e2e::federation::Federation,
@@ -1441,6 +1462,29 @@ async fn the_hub_makes_the_other_clusters_replica_clusters_of_the_primary_cluste
         })
     })
     .collect();
+    // West's copy as its agent reports it, all along: once every member holds the term
+    // the switchover raised, west's copy (written under the old one) is deposed until
+    // the hub writes it anew as a replica cluster of east.
+    let west_reasons = {
+        let (stop, copies) = (stop.clone(), federation.api("west", &databases()));
+        tokio::spawn(async move {
+            let mut reasons: Vec<String> = vec![];
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                if let Ok(copy) = copies.get("orders").await {
+                    let reason = copy.data["status"]["conditions"]
+                        .as_array()
+                        .and_then(|c| c.iter().find(|c| c["type"] == "ReadOnly"))
+                        .map(|c| format!("{}/{}", c["status"], c["reason"]))
+                        .unwrap_or_default();
+                    if reasons.last() != Some(&reason) {
+                        reasons.push(reason);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            reasons
+        })
+    };
     tokio::time::sleep(Duration::from_secs(2)).await;
     let asked = Instant::now();
     template
@@ -1471,6 +1515,25 @@ async fn the_hub_makes_the_other_clusters_replica_clusters_of_the_primary_cluste
     let new_primary = wait_streaming(&east, ns, "orders").await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let west_reasons = west_reasons.await?;
+    // The term: raised for this switchover and recorded, carried by every member's Lease.
+    let status = template.get("orders").await?.data["status"].clone();
+    assert_eq!(status["primaryTerm"], 2, "{status}");
+    assert_eq!(
+        (
+            &status["switchover"]["from"],
+            &status["switchover"]["to"],
+            &status["switchover"]["term"]
+        ),
+        (&json!("west"), &json!("east"), &json!(2)),
+        "{status}"
+    );
+    assert_terms_carried(&federation, &format!("{ns}/orders"), 2).await?;
+    assert!(
+        west_reasons.iter().any(|r| r == "\"True\"/\"Deposed\""),
+        "west's copy was deposed once every member held the raised term: {west_reasons:?}"
+    );
+    eprintln!("west's ReadOnly reasons through the switchover: {west_reasons:?}");
     let mut acks = BTreeMap::new();
     for probe in probes {
         let (cluster, acked) = probe.await?;
@@ -1559,6 +1622,12 @@ async fn the_hub_makes_the_other_clusters_replica_clusters_of_the_primary_cluste
         lost.is_empty(),
         "acknowledged writes lost switching back: {lost:?}"
     );
+    assert_eq!(
+        template.get("orders").await?.data["status"]["primaryTerm"],
+        3,
+        "each switchover raises a term of its own"
+    );
+    assert_terms_carried(&federation, &format!("{ns}/orders"), 3).await?;
 
     // A cluster that holds the Secrets of a database of its own is never overwritten:
     // its copy waits, and the binding says why and what to do.

@@ -65,8 +65,9 @@ pub enum ReadOnlyReason {
     HubUnreachable,
     /// `spec.topology.replicaOf`: a replica cluster streams another cluster's primary.
     ReplicaCluster,
-    /// A disaster promotion raised the federation's primary term past the one this copy
-    /// was written under (the hub's Lease says so): another cluster holds the primary.
+    /// A switchover or a disaster promotion raised the federation's primary term past
+    /// the one this copy was written under (the hub's Lease says so): another cluster
+    /// holds, or is about to hold, the primary.
     Deposed,
 }
 
@@ -88,7 +89,7 @@ impl ReadOnlyReason {
             ReadOnlyReason::HubUnreachable => "the hub's lease is stale",
             ReadOnlyReason::ReplicaCluster => "a replica cluster of another cluster's primary",
             ReadOnlyReason::Deposed => {
-                "another cluster was promoted under a higher primary term (bulkhead promote); read-only until the hub writes this copy anew"
+                "the hub raised the primary term past the one this copy was written under (a switchover or bulkhead promote moved the primary); read-only until the hub writes this copy anew"
             }
         }
     }
@@ -101,7 +102,7 @@ impl ReadOnlyReason {
 }
 
 /// The federation's primary term of each database (`namespace/name`) whose term a
-/// disaster promotion raised, as the hub's Lease in this cluster last said.
+/// switchover or a disaster promotion raised, as the hub's Lease in this cluster last said.
 pub type PrimaryTerms = std::collections::BTreeMap<String, u64>;
 
 /// The primary term a copy was written under (annotation

@@ -206,6 +206,9 @@ pub async fn watch_lease(
                     if **terms.load() != carried {
                         tracing::warn!(terms = ?carried, "the hub's lease carries primary terms: copies written under a lower one stay read-only");
                         terms.store(std::sync::Arc::new(carried));
+                        // Every MyDatabase is looked at again (a deposed copy's status
+                        // and -rw Service), as when the fence turns.
+                        fenced.send_modify(|_| {});
                     }
                     let spec = lease.spec.unwrap_or_default();
                     let duration = spec.lease_duration_seconds.map(|s| Duration::from_secs(s.max(0) as u64));

@@ -261,6 +261,7 @@ pub fn compute_status(observed: &Observed) -> MyDatabaseStatus {
         primary_cluster: None,
         aborted_switchover: None,
         primary_term: None,
+        switchover: None,
         promotion: None,
         replicas: counts.current,
         ready_replicas: counts.ready,

@@ -64,10 +64,10 @@ pub const ANNOTATION_SWITCHOVER_PROMOTED: &str = "federation.example.com/switcho
 /// removes it once the promotion is recorded (or refused: `status.promotion` says why).
 pub const ANNOTATION_PROMOTE: &str = "federation.example.com/promote";
 /// Annotation on a member copy of a MyDatabase with replica clusters: the federation's
-/// primary term it was written under (absent: 1). A disaster promotion raises the term.
+/// primary term it was written under (absent: 1). A switchover or a disaster promotion raises the term.
 pub const ANNOTATION_PRIMARY_TERM: &str = "federation.example.com/primary-term";
 /// Annotation on the hub's fencing Lease in each member: a JSON object of `namespace/name`
-/// to the primary term of each MyDatabase whose term a disaster promotion raised. A copy
+/// to the primary term of each MyDatabase whose term a switchover or a disaster promotion raised. A copy
 /// written under a lower term is deposed: its agent keeps it read-only, whatever the
 /// Lease's freshness, until the hub writes it anew under the new term.
 pub const ANNOTATION_PRIMARY_TERMS: &str = "federation.example.com/primary-terms";

@@ -322,10 +322,16 @@ pub struct MyDatabaseStatus {
     pub aborted_switchover: Option<AbortedSwitchover>,
 
     /// On the hub, with replica clusters: the federation's primary term (absent: 1). A
-    /// disaster promotion raises it; a copy written under a lower term never takes a
-    /// write (its agent keeps it read-only until the hub writes it anew).
+    /// switchover and a disaster promotion raise it; a copy written under a lower term
+    /// never takes a write (its agent keeps it read-only until the hub writes it anew).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub primary_term: Option<u64>,
+
+    /// On the hub, with replica clusters: the planned switchover whose new primary
+    /// cluster has every write of the old one, and the primary term the hub raised for it
+    /// (recorded before any member holds the raised term, kept once done).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub switchover: Option<PlannedSwitchover>,
 
     /// On the hub, with replica clusters: the last disaster promotion asked for with
     /// `bulkhead promote --accept-data-loss`, done or refused.
@@ -368,6 +374,26 @@ pub struct AbortedSwitchover {
     pub time: String,
     /// Where it stood and why it did not go on.
     pub message: String,
+}
+
+/// A planned switchover (`bulkhead switchover`, `spec.topology.primaryCluster`) once the
+/// new primary cluster had received the old one's last WAL position: the term raised for
+/// it. The new primary cluster promotes only once every member the hub reaches holds it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PlannedSwitchover {
+    /// The primary cluster the primary moves from.
+    pub from: String,
+    /// The cluster it moves to.
+    pub to: String,
+    /// When the switchover started (RFC 3339; the old primary cluster's copy carries it
+    /// in `federation.example.com/switchover-started`): a switchover asked again after an
+    /// abort raises a term of its own.
+    pub started: String,
+    /// When the hub raised the term (RFC 3339).
+    pub time: String,
+    /// The primary term raised for it.
+    pub term: u64,
 }
 
 /// A promotion of a replica cluster while the primary cluster is lost, accepting the

@@ -111,9 +111,13 @@ pub struct ReplicaClusters {
     /// When the switchover started (RFC 3339), recorded on the old primary cluster's copy
     /// while it is on: the deadline counts from it.
     pub switchover_started: Option<String>,
-    /// The federation's primary term (1 until a disaster promotion raises it); written on
-    /// every copy when above 1.
+    /// The federation's primary term (1 until a switchover or a disaster promotion
+    /// raises it); written on every copy when above 1.
     pub term: u64,
+    /// The term the primary cluster's copy was written under: kept on it while a
+    /// switchover moves the primary away, so that once the members hold the raised term
+    /// its agent counts it deposed, whatever else its spec says.
+    pub demoted_term: u64,
 }
 
 /// What a cluster's copy is built from during a rollout.
@@ -586,10 +590,15 @@ fn replica_copy(
     }
     desired["metadata"]["annotations"][crate::api::ANNOTATION_PRIMARY_CLUSTER] =
         Value::String(primary.to_string());
-    if setup.term > 1 {
+    let term = if cluster == primary && moving_to.is_some() {
+        setup.demoted_term.min(setup.term)
+    } else {
+        setup.term
+    };
+    if term > 1 {
         // Written under the raised term: the agent no longer counts the copy deposed.
         desired["metadata"]["annotations"][crate::api::ANNOTATION_PRIMARY_TERM] =
-            Value::String(setup.term.to_string());
+            Value::String(term.to_string());
     }
     crate::hub::federation::copies::restamp(&mut desired);
     Ok(desired)
@@ -1241,6 +1250,7 @@ mod tests {
             switchover: Switchover::None,
             switchover_started: None,
             term: 1,
+            demoted_term: 1,
         }
     }
 
@@ -1299,6 +1309,7 @@ mod tests {
             switchover: Switchover::None,
             switchover_started: None,
             term: 1,
+            demoted_term: 1,
         };
         let plan_refused = super::plan(&PlanInput {
             replica_clusters: Some(&refused),
@@ -1354,11 +1365,32 @@ mod tests {
                 },
                 true,
             ),
+            (
+                Switchover::RaisingTerm {
+                    to: to.clone(),
+                    term: 2,
+                },
+                true,
+            ),
+            (
+                Switchover::RecordingTerm {
+                    to: to.clone(),
+                    term: 2,
+                    lacking: vec!["north".into()],
+                },
+                true,
+            ),
             (Switchover::Promoting { to: to.clone() }, false),
         ] {
+            let raised = !matches!(
+                stage,
+                Switchover::Demoting { .. } | Switchover::CatchingUp { .. }
+            );
             let setup = ReplicaClusters {
                 switchover: stage.clone(),
                 switchover_started: Some("2026-12-06T12:00:00Z".into()),
+                term: if raised { 2 } else { 1 },
+                demoted_term: 1,
                 ..replica_setup("east", &["west", "north"])
             };
             let plan = super::plan(&PlanInput {
@@ -1405,6 +1437,14 @@ mod tests {
                 copy("north")["spec"]["topology"]["replicaOf"]["host"],
                 "10.0.1.7"
             );
+            // Once raised, the term is written on every copy but the old primary
+            // cluster's: that one stays under its own term, deposed wherever the members
+            // hold the raised one, until it follows the new primary cluster.
+            let term = |cluster: &str| annotation(cluster, crate::api::ANNOTATION_PRIMARY_TERM);
+            assert_eq!(term("east"), Value::Null, "{stage:?}");
+            let raised_term = if raised { json!("2") } else { Value::Null };
+            assert_eq!(term("west"), raised_term, "{stage:?}");
+            assert_eq!(term("north"), raised_term, "{stage:?}");
             assert!(
                 plan.notes["east"].starts_with("switchover from east to west"),
                 "{:?}",
@@ -1426,6 +1466,7 @@ mod tests {
             switchover: Switchover::None,
             switchover_started: None,
             term: 1,
+            demoted_term: 1,
         };
         let members = [member("east", None), member("west", None)];
         let plan = super::plan(&PlanInput {

@@ -676,7 +676,14 @@ async fn place_template(
         // A switchover moves on what the copies' statuses say (a status-only change
         // does not always wake the template at once): looked at every second meanwhile.
         // A replica cluster waiting for its source's endpoint or Secrets: soon.
-        if setup.switchover.target().is_some() {
+        if matches!(
+            setup.switchover,
+            crate::hub::federation::replica_clusters::Switchover::RaisingTerm { .. }
+                | crate::hub::federation::replica_clusters::Switchover::RecordingTerm { .. }
+        ) {
+            // Waiting for the renewals that carry the raised term, which go out at once.
+            again = sooner(again, Some(Duration::from_millis(200)));
+        } else if setup.switchover.target().is_some() {
             again = sooner(again, Some(Duration::from_secs(1)));
         } else if !planned.plan.deferred.is_empty() {
             again = sooner(again, Some(Duration::from_secs(5)));

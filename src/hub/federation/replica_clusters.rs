@@ -19,11 +19,11 @@ use crate::api::{
     ANNOTATION_SWITCHOVER_TO,
 };
 
-/// How long a switchover may take to promote the new primary cluster (demoting the old
-/// one and catching up with its last WAL position) before the hub gives it up and the
-/// old primary cluster takes writes again. Past this point nothing was promoted, so
-/// giving up is safe; once the hub has told the new primary cluster to promote, the
-/// switchover only goes forward.
+/// How long a switchover may take to demote the old primary cluster and have the new one
+/// catch up with its last WAL position, and then how long the members may take to hold
+/// the raised primary term, before the hub gives it up and the old primary cluster takes
+/// writes again. Until then nothing was promoted, so giving up is safe; once the hub has
+/// told the new primary cluster to promote, the switchover only goes forward.
 pub const SWITCHOVER_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// A hub MyDatabase (as JSON) asks for replica clusters, or has a recorded primary
@@ -139,6 +139,17 @@ pub enum Switchover {
     /// The old primary refuses writes; the new primary cluster still streams from it until
     /// its designated primary has received the old one's last WAL position.
     CatchingUp { to: String, last: u64 },
+    /// The new primary cluster has every write: the hub raises the federation's primary
+    /// term to `term` for this switchover (`status.switchover`) before anything promotes.
+    RaisingTerm { to: String, term: u64 },
+    /// The raised term is recorded; waiting until the fencing Lease of every member the
+    /// hub reaches carries it (`lacking`: those whose last renewal did not). From then on
+    /// a copy written under an older term (the old primary cluster's) is deposed there.
+    RecordingTerm {
+        to: String,
+        term: u64,
+        lacking: Vec<String>,
+    },
     /// The new primary cluster has everything: its copy loses `replicaOf`, its agent
     /// promotes its designated primary.
     Promoting { to: String },
@@ -157,6 +168,8 @@ impl Switchover {
         match self {
             Switchover::Demoting { to }
             | Switchover::CatchingUp { to, .. }
+            | Switchover::RaisingTerm { to, .. }
+            | Switchover::RecordingTerm { to, .. }
             | Switchover::Promoting { to }
             | Switchover::Done { to } => Some(to),
             Switchover::None | Switchover::Waiting { .. } | Switchover::Aborting { .. } => None,
@@ -190,9 +203,16 @@ impl Switchover {
                 "switchover from {from} to {to}: {from} refuses writes; waiting until {to} has received its last WAL position {}",
                 crate::api::instance::format_lsn(*last)
             ),
+            Switchover::RaisingTerm { to, term } => format!(
+                "switchover from {from} to {to}: {to} has all of {from}'s WAL; raising the primary term to {term}"
+            ),
+            Switchover::RecordingTerm { to, term, lacking } => format!(
+                "switchover from {from} to {to}: {to} has all of {from}'s WAL; waiting until every member holds primary term {term} (not yet: {})",
+                lacking.join(", ")
+            ),
             Switchover::Promoting { to } => {
                 format!(
-                    "switchover from {from} to {to}: {to} has all of {from}'s WAL; promoting it"
+                    "switchover from {from} to {to}: {to} has all of {from}'s WAL and every member holds the raised term; promoting it"
                 )
             }
             Switchover::Done { to } => {
@@ -262,7 +282,9 @@ pub fn runs_as_replica_cluster(status: &Value) -> bool {
 
 /// Where the switchover of a database whose recorded primary cluster is `primary`
 /// stands at `now`. `copy` finds a cluster's copy as last seen; `not_ready` says why a
-/// cluster is not Ready (None: it is); `order` is the policy's cluster order.
+/// cluster is not Ready (None: it is); `lacking` names the members the hub reaches whose
+/// fencing Lease does not carry a primary term yet; `order` is the policy's cluster order.
+#[allow(clippy::too_many_arguments)]
 pub fn switchover<'a>(
     template: &Value,
     primary: &str,
@@ -270,6 +292,7 @@ pub fn switchover<'a>(
     order: &[String],
     copy: &dyn Fn(&str) -> Option<&'a DynamicObject>,
     not_ready: &dyn Fn(&str) -> Option<String>,
+    lacking: &dyn Fn(u64) -> Vec<String>,
     now: jiff::Timestamp,
 ) -> Switchover {
     // The mark on the primary cluster's own copy. Once the new primary cluster is
@@ -288,18 +311,26 @@ pub fn switchover<'a>(
             None => Switchover::Demoting { to },
         };
     }
-    let stage = started_stage(primary, to, copy);
-    let (Switchover::Demoting { to } | Switchover::CatchingUp { to, .. }) = &stage else {
+    let stage = started_stage(template, primary, to, copy, lacking);
+    // Nothing promoted yet: past the deadline the switchover is given up. Demoting and
+    // catching up count from the start; once the new primary cluster has every write the
+    // switchover goes on, and only waiting for the members to hold the raised term counts
+    // from the raise.
+    let since = match &stage {
+        Switchover::Demoting { .. } | Switchover::CatchingUp { .. } => {
+            copy(primary).and_then(|c| annotation(c, ANNOTATION_SWITCHOVER_STARTED))
+        }
+        Switchover::RecordingTerm { .. } => template["status"]["switchover"]["time"].as_str(),
+        _ => return stage,
+    };
+    let since = since.and_then(|t| t.parse::<jiff::Timestamp>().ok());
+    let deadline = jiff::SignedDuration::try_from(SWITCHOVER_DEADLINE).unwrap_or_default();
+    let Some(to) = stage.started_to() else {
         return stage;
     };
-    // Nothing promoted yet: past the deadline the switchover is given up.
-    let since = copy(primary)
-        .and_then(|c| annotation(c, ANNOTATION_SWITCHOVER_STARTED))
-        .and_then(|t| t.parse::<jiff::Timestamp>().ok());
-    let deadline = jiff::SignedDuration::try_from(SWITCHOVER_DEADLINE).unwrap_or_default();
     match since {
         Some(since) if now.duration_since(since) >= deadline => Switchover::Aborting {
-            to: to.clone(),
+            to: to.to_string(),
             why: stage
                 .describe(primary)
                 .unwrap_or_default()
@@ -452,11 +483,46 @@ pub fn promotion_refused<'a>(
     None
 }
 
+/// The primary term a member copy was written under (absent: 1).
+pub fn copy_term(copy: &DynamicObject) -> u64 {
+    annotation(copy, crate::api::ANNOTATION_PRIMARY_TERM)
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(1)
+}
+
+/// The primary term the template's status records (absent: 1).
+pub fn recorded_term(template: &Value) -> u64 {
+    template["status"]["primaryTerm"]
+        .as_u64()
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// The term `status.switchover` records as raised for this very switchover (from
+/// `primary` to `to`, started at `started`, the old primary cluster's copy's mark), if it
+/// is the recorded term. A switchover asked again after an abort raises a term of its own.
+fn term_raised_for(
+    template: &Value,
+    primary: &str,
+    to: &str,
+    started: Option<&str>,
+) -> Option<u64> {
+    let record = &template["status"]["switchover"];
+    let term = record["term"].as_u64()?;
+    (record["from"] == primary
+        && record["to"] == to
+        && record["started"].as_str().unwrap_or_default() == started.unwrap_or_default()
+        && term == recorded_term(template))
+    .then_some(term)
+}
+
 /// The stage of a started switchover from `primary` to `to`, from the copies.
 fn started_stage<'a>(
+    template: &Value,
     primary: &str,
     to: String,
     copy: &dyn Fn(&str) -> Option<&'a DynamicObject>,
+    lacking: &dyn Fn(u64) -> Vec<String>,
 ) -> Switchover {
     let Some(target) = copy(&to) else {
         return Switchover::Demoting { to };
@@ -485,10 +551,23 @@ fn started_stage<'a>(
                 .and_then(|i| i["lsn"].as_str())
                 .and_then(parse_lsn)
         });
-    if received.is_some_and(|received| received >= last) {
+    if received.is_none_or(|received| received < last) {
+        return Switchover::CatchingUp { to, last };
+    }
+    // Every write is there: the term goes up, and every member the hub reaches must hold
+    // it before anything is promoted.
+    let started = annotation(old, ANNOTATION_SWITCHOVER_STARTED);
+    let Some(term) = term_raised_for(template, primary, &to, started) else {
+        return Switchover::RaisingTerm {
+            to,
+            term: recorded_term(template) + 1,
+        };
+    };
+    let lacking = lacking(term);
+    if lacking.is_empty() {
         Switchover::Promoting { to }
     } else {
-        Switchover::CatchingUp { to, last }
+        Switchover::RecordingTerm { to, term, lacking }
     }
 }
 
@@ -669,7 +748,16 @@ mod tests {
         let stage = |template: &Value,
                      targets: &[TargetCluster],
                      not_ready: &dyn Fn(&str) -> Option<String>| {
-            switchover(template, "east", targets, &order, &copy, not_ready, now())
+            switchover(
+                template,
+                "east",
+                targets,
+                &order,
+                &copy,
+                not_ready,
+                &|_| vec![],
+                now(),
+            )
         };
         assert_eq!(stage(&unset, &kept, &ready), Switchover::None);
         assert_eq!(
@@ -743,7 +831,16 @@ mod tests {
                 "west" => Some(west),
                 _ => None,
             };
-            switchover(template, "east", &targets, &[], &copy, not_ready, now())
+            switchover(
+                template,
+                "east",
+                &targets,
+                &[],
+                &copy,
+                not_ready,
+                &|_| vec![],
+                now(),
+            )
         };
         let steady = json!({"spec": {"topology": {"primaryCluster": "east"}},
                             "status": {"primaryCluster": "east"}});
@@ -795,9 +892,59 @@ mod tests {
             }
         );
         let west_marked = database_copy(2, &marked, replica_status("0/5000100"));
+        // Every write is there: the primary term goes up before anything promotes.
         assert_eq!(
             stage(&asked, &east_demoted, &west_marked, &ready),
+            Switchover::RaisingTerm {
+                to: "west".into(),
+                term: 2
+            }
+        );
+        let raised = json!({"spec": {"topology": {"primaryCluster": "west"}},
+            "status": {"primaryCluster": "east", "primaryTerm": 2,
+                       "switchover": {"from": "east", "to": "west", "started": "",
+                                      "time": "2026-12-06T12:00:00Z", "term": 2}}});
+        let copy = |cluster: &str| match cluster {
+            "east" => Some(&east_demoted),
+            "west" => Some(&west_marked),
+            _ => None,
+        };
+        let north_lacks = |term: u64| {
+            assert_eq!(term, 2);
+            vec!["north".to_string()]
+        };
+        assert_eq!(
+            switchover(
+                &raised,
+                "east",
+                &targets,
+                &[],
+                &copy,
+                &ready,
+                &north_lacks,
+                now()
+            ),
+            Switchover::RecordingTerm {
+                to: "west".into(),
+                term: 2,
+                lacking: vec!["north".into()]
+            },
+            "a member the hub reaches whose Lease does not carry the term yet holds it back"
+        );
+        assert_eq!(
+            stage(&raised, &east_demoted, &west_marked, &ready),
             Switchover::Promoting { to: "west".into() }
+        );
+        // A term raised for another switchover (one aborted, then asked again) is not
+        // this one's: it raises its own.
+        let mut earlier = raised.clone();
+        earlier["status"]["switchover"]["started"] = json!("2026-12-06T11:00:00Z");
+        assert_eq!(
+            stage(&earlier, &east_demoted, &west_marked, &ready),
+            Switchover::RaisingTerm {
+                to: "west".into(),
+                term: 3
+            }
         );
         let mut promoted = replica_status("0/5000200");
         promoted["instances"][0]["role"] = json!("Primary");
@@ -826,7 +973,16 @@ mod tests {
             _ => None,
         };
         assert_eq!(
-            switchover(&recorded, "west", &targets, &[], &copy, &ready, now()),
+            switchover(
+                &recorded,
+                "west",
+                &targets,
+                &[],
+                &copy,
+                &ready,
+                &|_| vec![],
+                now()
+            ),
             Switchover::None
         );
         assert!(
@@ -869,13 +1025,24 @@ mod tests {
             &[(ANNOTATION_SWITCHOVER_TO, "west")],
             replica_status("0/5000000"),
         );
+        let lacking_now = std::cell::RefCell::new(Vec::<String>::new());
+        let lacking = |_: u64| lacking_now.borrow().clone();
         let stage = |template: &Value, east: &DynamicObject, west: &DynamicObject| {
             let copy = |cluster: &str| match cluster {
                 "east" => Some(east),
                 "west" => Some(west),
                 _ => None,
             };
-            switchover(template, "east", &targets, &[], &copy, &|_| None, now())
+            switchover(
+                template,
+                "east",
+                &targets,
+                &[],
+                &copy,
+                &|_| None,
+                &lacking,
+                now(),
+            )
         };
         let recent = started("2026-12-06T11:59:30Z");
         assert!(matches!(
@@ -906,7 +1073,8 @@ mod tests {
             Switchover::Aborting { .. }
         ));
 
-        // Caught up past the deadline: promoting is safe, and it goes on.
+        // Caught up past the deadline: promoting is safe, and it goes on (the term is
+        // raised first).
         let caught_up = database_copy(
             2,
             &[(ANNOTATION_SWITCHOVER_TO, "west")],
@@ -914,6 +1082,32 @@ mod tests {
         );
         assert_eq!(
             stage(&asked, &old, &caught_up),
+            Switchover::RaisingTerm {
+                to: "west".into(),
+                term: 2
+            }
+        );
+        // Waiting for the members to hold the raised term counts from the raise.
+        let raised_at = |at: &str| {
+            json!({"spec": {"topology": {"primaryCluster": "west"}},
+                "status": {"primaryCluster": "east", "primaryTerm": 2,
+                    "switchover": {"from": "east", "to": "west", "started": "2026-12-06T11:58:59Z",
+                                   "time": at, "term": 2}}})
+        };
+        lacking_now.replace(vec!["north".to_string()]);
+        assert!(matches!(
+            stage(&raised_at("2026-12-06T11:59:50Z"), &old, &caught_up),
+            Switchover::RecordingTerm { .. }
+        ));
+        let Switchover::Aborting { why, .. } =
+            stage(&raised_at("2026-12-06T11:58:30Z"), &old, &caught_up)
+        else {
+            panic!("a raised term no member takes within the deadline gives the switchover up");
+        };
+        assert!(why.contains("not yet: north"), "{why}");
+        lacking_now.replace(vec![]);
+        assert_eq!(
+            stage(&raised_at("2026-12-06T11:58:30Z"), &old, &caught_up),
             Switchover::Promoting { to: "west".into() }
         );
         // Told to promote, its status showing no position for a moment: still promoting,

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{ApiResource, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 
-use crate::api::mydatabase::{AbortedSwitchover, DisasterPromotion};
+use crate::api::mydatabase::{AbortedSwitchover, DisasterPromotion, PlannedSwitchover};
 use crate::api::resource_binding::TargetCluster;
 use crate::api::{ANNOTATION_PROMOTE, ANNOTATION_SWITCHOVER_STARTED, ANNOTATION_SWITCHOVER_TO};
 use crate::error::{ApiErrorKind, classify};
@@ -22,7 +22,8 @@ use crate::hub::federation::context::{Context, full_template};
 use crate::hub::federation::placement::ClusterView;
 use crate::hub::federation::propagation::ReplicaClusters;
 use crate::hub::federation::replica_clusters::{
-    Switchover, aborted_recorded, enabled, primary_cluster, promotion_refused, switchover,
+    Switchover, aborted_recorded, copy_term, enabled, primary_cluster, promotion_refused,
+    switchover,
 };
 use crate::hub::federation::scheduler::DesiredBinding;
 use crate::hub::federation::writer::{ObjectKey, create_namespace, short};
@@ -67,6 +68,7 @@ pub(super) async fn setup(
                 switchover: Switchover::None,
                 switchover_started: None,
                 term: 1,
+                demoted_term: 1,
             });
         }
     };
@@ -138,8 +140,40 @@ pub(super) async fn setup(
             }
         }
     }
-    let mut switchover = switchover(&value, &primary, targets, &order, &copy, &not_ready, now);
+    let database = format!("{}/{}", key.namespace, key.name);
+    let lacking = |term: u64| context.state.evidence.lacking_term(&database, term);
+    let mut switchover = switchover(
+        &value, &primary, targets, &order, &copy, &not_ready, &lacking, now,
+    );
     match &switchover {
+        Switchover::RaisingTerm { to, term: raised } => {
+            // Recorded before any copy or Lease carries it; the old primary cluster's copy
+            // keeps the term it was written under until it follows the new one.
+            let record = PlannedSwitchover {
+                from: primary.clone(),
+                to: to.clone(),
+                started: copy(&primary)
+                    .and_then(|c| c.annotations().get(ANNOTATION_SWITCHOVER_STARTED).cloned())
+                    .unwrap_or_default(),
+                time: now.to_string(),
+                term: *raised,
+            };
+            let fields = serde_json::json!({"primaryTerm": raised, "switchover": record});
+            match patch_template_status(context, key, resource, template, fields).await {
+                Ok(()) => {
+                    tracing::info!(namespace = %key.namespace, name = %key.name, from = %primary, %to, term = raised, "switchover: the new primary cluster has every write; primary term raised");
+                    term = *raised;
+                    switchover = Switchover::RecordingTerm {
+                        to: to.clone(),
+                        term: *raised,
+                        lacking: lacking(*raised),
+                    };
+                }
+                Err(error) => {
+                    tracing::warn!(namespace = %key.namespace, name = %key.name, %error, "cannot record the switchover's primary term; tried again");
+                }
+            }
+        }
         Switchover::Done { to } => {
             // The new primary cluster runs its primary: recorded before anything follows it.
             match record_primary_cluster(context, key, resource, template, to).await {
@@ -211,12 +245,14 @@ pub(super) async fn setup(
             .unwrap_or_else(|| now.round(jiff::Unit::Second).unwrap_or(now).to_string())
     });
     let credentials = copy_credentials(context, key, &primary, targets, views).await;
+    let demoted_term = copy(&primary).map_or(term, copy_term);
     Some(ReplicaClusters {
         primary: Ok(primary),
         credentials,
         switchover,
         switchover_started,
         term,
+        demoted_term,
     })
 }
 

@@ -125,9 +125,14 @@ pub fn doubt(
 #[derive(Clone, Debug)]
 pub struct Evidence {
     records: Arc<Mutex<HashMap<String, Record>>>,
+    /// The primary terms each member's last successful renewal carried.
+    carried: Arc<Mutex<HashMap<String, Carried>>>,
     changed: watch::Sender<u64>,
     renew_interval: Duration,
 }
+
+/// The primary terms a renewal carried (`namespace/name` -> term, see `terms`).
+pub type Carried = Arc<Option<std::collections::BTreeMap<String, u64>>>;
 
 impl Default for Evidence {
     fn default() -> Self {
@@ -140,6 +145,7 @@ impl Evidence {
     pub fn new(renew_interval: Duration) -> Self {
         Evidence {
             records: Arc::default(),
+            carried: Arc::default(),
             changed: watch::Sender::new(0),
             renew_interval,
         }
@@ -170,6 +176,45 @@ impl Evidence {
         self.observe(cluster, ok, |r| &mut r.renewal);
     }
 
+    /// Records a fencing-lease renewal's outcome and, when it succeeded, the primary
+    /// terms it carried (the member's agent holds them from then on).
+    pub fn renewed_carrying(&self, cluster: &str, ok: bool, terms: &Carried) {
+        if ok {
+            let changed = {
+                let mut carried = self.carried.lock().unwrap_or_else(|p| p.into_inner());
+                let before = carried.insert(cluster.to_string(), terms.clone());
+                before.is_none_or(|before| before != *terms)
+            };
+            if changed {
+                self.changed.send_modify(|g| *g += 1);
+            }
+        }
+        self.renewed(cluster, ok);
+    }
+
+    /// The members the hub reaches (their last lease renewal succeeded) whose last
+    /// renewal did not carry primary term `term` (or a higher one) for `database`
+    /// (`namespace/name`). A member whose renewals fail is left out: its agent fences at
+    /// the lease duration, and reads the terms from the first renewal that reaches it
+    /// again before it unfences.
+    pub fn lacking_term(&self, database: &str, term: u64) -> Vec<String> {
+        let records = self.records.lock().unwrap_or_else(|p| p.into_inner());
+        let carried = self.carried.lock().unwrap_or_else(|p| p.into_inner());
+        let mut lacking: Vec<String> = records
+            .iter()
+            .filter(|(_, record)| record.renewal.is_some_and(|r| r.ok))
+            .filter(|(cluster, _)| {
+                let held = carried
+                    .get(*cluster)
+                    .and_then(|terms| terms.as_ref().as_ref()?.get(database).copied());
+                held.is_none_or(|held| held < term)
+            })
+            .map(|(cluster, _)| cluster.clone())
+            .collect();
+        lacking.sort();
+        lacking
+    }
+
     fn observe(&self, cluster: &str, ok: bool, signal: fn(&mut Record) -> &mut Option<Signal>) {
         let at = Instant::now();
         self.update(cluster, |record| {
@@ -197,6 +242,10 @@ impl Evidence {
     /// Forgets a member that left.
     pub fn remove(&self, cluster: &str) {
         self.records
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(cluster);
+        self.carried
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(cluster);
@@ -363,6 +412,34 @@ mod tests {
             )
             .is_some()
         );
+    }
+
+    #[test]
+    fn a_term_is_held_by_every_member_whose_last_renewal_carried_it() {
+        use std::collections::BTreeMap;
+        let evidence = Evidence::default();
+        let carrying = |term: u64| -> Carried {
+            Arc::new(Some(BTreeMap::from([("shop/orders".to_string(), term)])))
+        };
+        let none: Carried = Arc::new(Some(BTreeMap::new()));
+        evidence.renewed_carrying("east", true, &carrying(2));
+        evidence.renewed_carrying("west", true, &none);
+        evidence.renewed_carrying("north", true, &carrying(3));
+        evidence.probed("south", true);
+        assert_eq!(evidence.lacking_term("shop/orders", 2), ["west"]);
+        assert_eq!(evidence.lacking_term("shop/orders", 3), ["east", "west"]);
+        assert_eq!(
+            evidence.lacking_term("shop/other", 2),
+            ["east", "north", "west"]
+        );
+        // A member the hub cannot reach is left out: it fences, and reads the terms from
+        // the first renewal that reaches it; that renewal is what counts then.
+        evidence.renewed_carrying("west", false, &carrying(2));
+        assert!(evidence.lacking_term("shop/orders", 2).is_empty());
+        evidence.renewed_carrying("west", true, &carrying(2));
+        assert!(evidence.lacking_term("shop/orders", 2).is_empty());
+        evidence.remove("east");
+        assert_eq!(evidence.lacking_term("shop/orders", 3), ["west"]);
     }
 
     #[tokio::test]

@@ -39,7 +39,7 @@ pub struct LeaseSettings {
 }
 
 /// The Lease the hub applies: `renewTime` now, `acquireTime` when this hub started
-/// renewing this member, and the primary `terms` a disaster promotion raised.
+/// renewing this member, and the primary `terms` a switchover or a disaster promotion raised.
 pub fn desired_lease(
     settings: &LeaseSettings,
     acquired: jiff::Timestamp,
@@ -108,16 +108,16 @@ pub async fn renew_member(
         if let Some(client) = handle
             .control_client()
             .filter(|_| settings.leadership.is_leader())
-            && let Some(terms) = terms.as_ref()
+            && let Some(carried) = terms.as_ref()
         {
-            let lease = desired_lease(&settings, acquired, jiff::Timestamp::now(), terms);
+            let lease = desired_lease(&settings, acquired, jiff::Timestamp::now(), carried);
             let result = tokio::select! {
                 _ = cancel.cancelled() => break,
                 result = tokio::time::timeout(settings.renew_interval, renew(client, &lease)) => result,
             };
             settings
                 .evidence
-                .renewed(&name, matches!(result, Ok(Ok(()))));
+                .renewed_carrying(&name, matches!(result, Ok(Ok(()))), &terms);
             match result {
                 Ok(Ok(())) => {
                     metrics.lease_renewals.get_or_create(&labels).inc();
@@ -146,6 +146,25 @@ pub async fn renew_member(
         tokio::select! {
             _ = cancel.cancelled() => break,
             _ = tokio::time::sleep_until(next) => {}
+            // A raised term goes out at once: a switchover waits for every member to
+            // hold it before it promotes.
+            _ = terms_changed(&settings.terms, &terms) => {}
+        }
+    }
+}
+
+/// How often a renewal task looks for changed primary terms between renewals.
+const TERMS_CHECK: Duration = Duration::from_millis(100);
+
+/// Returns once the primary terms differ from `carried`.
+async fn terms_changed(
+    terms: &crate::hub::membership::terms::Terms,
+    carried: &crate::hub::membership::evidence::Carried,
+) {
+    loop {
+        tokio::time::sleep(TERMS_CHECK).await;
+        if *terms.load_full() != **carried {
+            return;
         }
     }
 }
@@ -204,6 +223,26 @@ mod tests {
         .await
         .unwrap();
         server.await.unwrap();
+    }
+
+    /// A raised term does not wait for the next renewal.
+    #[tokio::test(start_paused = true)]
+    async fn changed_terms_end_the_wait_for_the_next_renewal() {
+        let terms: crate::hub::membership::terms::Terms = Default::default();
+        terms.store(std::sync::Arc::new(Some(BTreeMap::new())));
+        let carried = terms.load_full();
+        let waiting = tokio::spawn({
+            let terms = terms.clone();
+            async move { terms_changed(&terms, &carried).await }
+        });
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(!waiting.is_finished(), "the same terms: the wait goes on");
+        terms.store(std::sync::Arc::new(Some(BTreeMap::from([(
+            "shop/orders".to_string(),
+            2,
+        )]))));
+        tokio::time::sleep(2 * TERMS_CHECK).await;
+        assert!(waiting.is_finished(), "a raised term: renewed at once");
     }
 
     #[test]

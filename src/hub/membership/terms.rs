@@ -1,6 +1,6 @@
 //! The federation's primary terms (DESIGN.md section 6, replica clusters): the hub lists
-//! its MyDatabase templates and keeps the `status.primaryTerm` of each that a disaster
-//! promotion raised above 1. The fencing Lease carries them to every member (`lease`): a
+//! its MyDatabase templates and keeps the `status.primaryTerm` of each that a switchover
+//! or a disaster promotion raised above 1. The fencing Lease carries them to every member (`lease`): a
 //! copy written under a lower term is deposed there and never takes a write, even after
 //! its cluster comes back from the partition that lost it the primary.
 //!
@@ -22,7 +22,10 @@ use tokio_util::sync::CancellationToken;
 /// the templates were listed once.
 pub type Terms = Arc<ArcSwap<Option<BTreeMap<String, u64>>>>;
 
-/// The primary term a hub template's status records, when above 1.
+/// The primary term a hub template's status records, when above 1. A template being
+/// deleted keeps its term in every Lease: its cleanup finalizer holds it until every copy
+/// is gone, the copy in a cluster that comes back after a promotion included, and that
+/// copy is deposed (never primary) until the hub has deleted it.
 fn raised_term(template: &DynamicObject) -> Option<u64> {
     template.data["status"]["primaryTerm"]
         .as_u64()
@@ -101,4 +104,30 @@ pub async fn run(hub: Client, terms: Terms, shutdown: CancellationToken) {
 /// The Lease annotation's value: the terms as a JSON object; None when there are none.
 pub fn annotation(terms: &BTreeMap<String, u64>) -> Option<String> {
     (!terms.is_empty()).then(|| serde_json::to_string(terms).unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_template_being_deleted_keeps_its_raised_term() {
+        let template: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "example.com/v1", "kind": "MyDatabase",
+            "metadata": {"name": "orders", "namespace": "shop",
+                         "deletionTimestamp": "2026-12-07T00:00:00Z",
+                         "finalizers": [crate::api::FINALIZER_CLEANUP]},
+            "status": {"primaryTerm": 2}}))
+        .unwrap();
+        assert_eq!(raised_term(&template), Some(2));
+        assert_eq!(key(&template), "shop/orders");
+        let mut first = template.clone();
+        first.data["status"]["primaryTerm"] = serde_json::json!(1);
+        assert_eq!(raised_term(&first), None, "1 is every copy's term");
+        assert_eq!(
+            annotation(&BTreeMap::from([("shop/orders".to_string(), 2)])).as_deref(),
+            Some(r#"{"shop/orders":2}"#)
+        );
+        assert_eq!(annotation(&BTreeMap::new()), None);
+    }
 }
