@@ -1234,6 +1234,24 @@ async fn wait_hub_status(
     .await
 }
 
+/// Sets `spec.topology.primaryCluster` of the hub's `orders` (what a GitOps tool does
+/// to ask for a switchover).
+async fn ask_primary_cluster(
+    template: &Api<kube::api::DynamicObject>,
+    cluster: &str,
+) -> Result<()> {
+    template
+        .patch(
+            "orders",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                serde_json::json!({"spec": {"topology": {"primaryCluster": cluster}}}),
+            ),
+        )
+        .await?;
+    Ok(())
+}
+
 /// Every member's fencing Lease carries primary term `term` (or a higher one) for
 /// `database` (`namespace/name`).
 async fn assert_terms_carried(
@@ -1487,13 +1505,7 @@ async fn the_hub_makes_the_other_clusters_replica_clusters_of_the_primary_cluste
     };
     tokio::time::sleep(Duration::from_secs(2)).await;
     let asked = Instant::now();
-    template
-        .patch(
-            "orders",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"spec": {"topology": {"primaryCluster": "east"}}})),
-        )
-        .await?;
+    ask_primary_cluster(&template, "east").await?;
     let cli = |to: &str| switchover_cli(&federation, to, 120);
     wait_for(
         "the hub records east as the primary cluster",
@@ -1696,6 +1708,75 @@ async fn the_hub_makes_the_other_clusters_replica_clusters_of_the_primary_cluste
             .await?
             .is_none(),
         "north gets no copy that would stream with the wrong passwords"
+    );
+    Ok(())
+}
+
+/// A hub killed in the middle of a switchover, right after it raised the primary term,
+/// and away longer than the fencing lease (every agent fences meanwhile): the restarted
+/// hub picks the switchover up from the copies and the template's status, raises no second
+/// term, promotes east once every member holds the raised one, and nothing acknowledged is
+/// lost; west follows east.
+#[tokio::test]
+async fn a_hub_killed_in_the_middle_of_a_switchover_finishes_it_under_the_same_term() -> Result<()>
+{
+    use bulkhead_e2e::federation::{Federation, LEASE_DURATION_SECONDS, databases};
+
+    let mut federation = Federation::start_with_databases("pg-swkill", &[]).await?;
+    let ns = federation.namespace.clone();
+    let (primary, credentials) = orders_streaming_west_to_east(&federation, 10).await?;
+    write_rows(&connect(primary, &credentials).await?, 10..20, false).await?;
+    let [west, east] = ["west", "east"].map(|c| federation.members[c].clone());
+    let template = federation.api("hub", &databases());
+    let asked = Instant::now();
+    ask_primary_cluster(&template, "east").await?;
+    wait_hub_status(
+        &template,
+        "the hub raises the primary term for the switchover",
+        |s| s["switchover"]["term"] == 2,
+    )
+    .await?;
+    federation.kill_hub();
+    let east_copy = federation.api("east", &databases()).get("orders").await?;
+    let told_to_promote = east_copy
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .contains_key(bulkhead::api::ANNOTATION_SWITCHOVER_PROMOTED);
+    eprintln!(
+        "hub killed {:?} after the ask, once the term was raised (east told to promote: {told_to_promote})",
+        asked.elapsed()
+    );
+    tokio::time::sleep(Duration::from_secs(LEASE_DURATION_SECONDS + 2)).await;
+    federation.start_hub()?;
+    let restarted = Instant::now();
+    let hub_log = || format!("hub log: {}", federation.hub_log().display());
+    let status = wait_hub_status(
+        &template,
+        "the restarted hub records east as the primary cluster",
+        |s| s["primaryCluster"] == "east",
+    )
+    .await
+    .with_context(hub_log)?;
+    eprintln!(
+        "the restarted hub finished the switchover {:?} after it started",
+        restarted.elapsed()
+    );
+    assert_eq!(status["primaryTerm"], 2, "no second term: {status}");
+    assert_eq!(status["switchover"]["term"], 2, "{status}");
+    assert_terms_carried(&federation, &format!("{ns}/orders"), 2).await?;
+    let new_primary = wait_streaming(&east, &ns, "orders")
+        .await
+        .with_context(hub_log)?;
+    write_rows(&connect(new_primary, &credentials).await?, 20..30, false).await?;
+    let (_, lost) = rows_and_lost(new_primary, &credentials, &(0..30).collect::<Vec<_>>()).await?;
+    assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
+    wait_rows_everywhere(&west, &ns, "orders-r", &credentials, 30, 1)
+        .await
+        .with_context(hub_log)?;
+    assert!(
+        endpoints(&west, &ns, "orders-rw").await?.is_empty(),
+        "west, now a replica cluster, has no -rw endpoints"
     );
     Ok(())
 }

@@ -420,9 +420,10 @@ fn start_watches(client: &Client, kinds: &Kinds, cluster: &str) -> (ClusterCopie
 }
 
 /// Metadata the hub reads on its copies.
-const COPY_ANNOTATIONS: [&str; 8] = [
+const COPY_ANNOTATIONS: [&str; 9] = [
     crate::api::ANNOTATION_APPLIED_HASH,
     crate::api::ANNOTATION_PRIMARY_CLUSTER,
+    crate::api::ANNOTATION_PRIMARY_TERM,
     crate::api::ANNOTATION_SWITCHOVER_TO,
     crate::api::ANNOTATION_SWITCHOVER_STARTED,
     crate::api::ANNOTATION_SWITCHOVER_PROMOTED,

@@ -298,9 +298,13 @@ pub fn switchover<'a>(
     // The mark on the primary cluster's own copy. Once the new primary cluster is
     // recorded its copy still carries the mark until the hub applies it again: a mark
     // naming the primary cluster itself is a switchover that is over.
+    // Or the term the hub raised for it, which outlives a hub that did not see the mark
+    // yet (one that just started, its copies not listed): the old primary cluster's copy
+    // is never written without its mark once the new primary cluster may be promoted.
     let started = copy(primary)
         .and_then(|c| annotation(c, ANNOTATION_SWITCHOVER_TO))
-        .filter(|to| *to != primary);
+        .filter(|to| *to != primary)
+        .or_else(|| in_flight(template, primary).map(|record| record.to));
     let wanted = wanted_cluster(template, primary, targets, order);
     let Some(to) = started.map(str::to_string).or(wanted) else {
         return Switchover::None;
@@ -488,6 +492,29 @@ pub fn copy_term(copy: &DynamicObject) -> u64 {
     annotation(copy, crate::api::ANNOTATION_PRIMARY_TERM)
         .and_then(|t| t.parse().ok())
         .unwrap_or(1)
+}
+
+/// `status.switchover` for a switchover from `primary` whose raised term is the recorded
+/// one, not given up: the switchover is under way, whatever the copies show.
+pub fn in_flight<'a>(template: &'a Value, primary: &str) -> Option<InFlight<'a>> {
+    let record = &template["status"]["switchover"];
+    let to = record["to"].as_str().filter(|to| *to != primary)?;
+    let live = record["from"] == primary
+        && record["term"].as_u64() == Some(recorded_term(template))
+        && template["status"]["primaryCluster"] == primary
+        && !aborted_recorded(template, primary, to);
+    live.then(|| InFlight {
+        to,
+        started: record["started"].as_str().unwrap_or_default(),
+    })
+}
+
+/// A switchover the template's status records as under way (see [`in_flight`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InFlight<'a> {
+    pub to: &'a str,
+    /// When it started, as the old primary cluster's copy was marked.
+    pub started: &'a str,
 }
 
 /// The primary term the template's status records (absent: 1).
@@ -934,6 +961,41 @@ mod tests {
         assert_eq!(
             stage(&raised, &east_demoted, &west_marked, &ready),
             Switchover::Promoting { to: "west".into() }
+        );
+        // A hub that just started, the copies not listed yet: the raised term says the
+        // switchover is under way, so east's copy is written demoted and marked, never
+        // taking writes again while west may be promoted.
+        let unseen = |_: &str| -> Option<&DynamicObject> { None };
+        assert_eq!(
+            switchover(
+                &raised,
+                "east",
+                &targets,
+                &[],
+                &unseen,
+                &ready,
+                &|_| vec![],
+                now()
+            ),
+            Switchover::Demoting { to: "west".into() }
+        );
+        assert_eq!(
+            in_flight(&raised, "east"),
+            Some(InFlight {
+                to: "west",
+                started: ""
+            })
+        );
+        assert_eq!(in_flight(&raised, "west"), None, "not from west");
+        let mut gave_up = raised.clone();
+        gave_up["status"]["abortedSwitchover"] = json!({"from": "east", "to": "west"});
+        assert_eq!(in_flight(&gave_up, "east"), None, "given up");
+        let mut promoted_since = raised.clone();
+        promoted_since["status"]["primaryTerm"] = json!(3);
+        assert_eq!(
+            in_flight(&promoted_since, "east"),
+            None,
+            "a later term is another story"
         );
         // A term raised for another switchover (one aborted, then asked again) is not
         // this one's: it raises its own.

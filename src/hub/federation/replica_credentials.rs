@@ -22,8 +22,8 @@ use crate::hub::federation::context::{Context, full_template};
 use crate::hub::federation::placement::ClusterView;
 use crate::hub::federation::propagation::ReplicaClusters;
 use crate::hub::federation::replica_clusters::{
-    Switchover, aborted_recorded, copy_term, enabled, primary_cluster, promotion_refused,
-    switchover,
+    Switchover, aborted_recorded, copy_term, enabled, in_flight, primary_cluster,
+    promotion_refused, switchover,
 };
 use crate::hub::federation::scheduler::DesiredBinding;
 use crate::hub::federation::writer::{ObjectKey, create_namespace, short};
@@ -141,10 +141,28 @@ pub(super) async fn setup(
         }
     }
     let database = format!("{}/{}", key.namespace, key.name);
-    let lacking = |term: u64| context.state.evidence.lacking_term(&database, term);
+    let lacking = |term: u64| {
+        let members = views.iter().map(|v| v.name.as_str());
+        context
+            .state
+            .evidence
+            .lacking_term(members, &database, term)
+    };
     let mut switchover = switchover(
         &value, &primary, targets, &order, &copy, &not_ready, &lacking, now,
     );
+    if switchover != Switchover::None {
+        let marks = |cluster: &str| {
+            copy(cluster).map(|c| {
+                let a = c.annotations();
+                (
+                    a.get(ANNOTATION_SWITCHOVER_TO).cloned(),
+                    a.get(ANNOTATION_SWITCHOVER_STARTED).cloned(),
+                )
+            })
+        };
+        tracing::debug!(namespace = %key.namespace, name = %key.name, %primary, stage = ?switchover, primary_copy = ?marks(&primary), "switchover");
+    }
     match &switchover {
         Switchover::RaisingTerm { to, term: raised } => {
             // Recorded before any copy or Lease carries it; the old primary cluster's copy
@@ -198,12 +216,14 @@ pub(super) async fn setup(
                     time: now.to_string(),
                     message: message.clone(),
                 };
+                // Its raised term stays; the record of it goes, so that nothing takes
+                // this switchover for one under way.
                 match patch_template_status(
                     context,
                     key,
                     resource,
                     template,
-                    serde_json::json!({"abortedSwitchover": record}),
+                    serde_json::json!({"abortedSwitchover": record, "switchover": null}),
                 )
                 .await
                 {
@@ -242,10 +262,25 @@ pub(super) async fn setup(
                     == Some(to)
             })
             .and_then(|c| c.annotations().get(ANNOTATION_SWITCHOVER_STARTED).cloned())
+            .or_else(|| {
+                in_flight(&value, &primary)
+                    .filter(|record| record.to == to && !record.started.is_empty())
+                    .map(|record| record.started.to_string())
+            })
             .unwrap_or_else(|| now.round(jiff::Unit::Second).unwrap_or(now).to_string())
     });
     let credentials = copy_credentials(context, key, &primary, targets, views).await;
-    let demoted_term = copy(&primary).map_or(term, copy_term);
+    // The old primary cluster's copy keeps the term it was written under while a
+    // switchover moves the primary away: before the raise, as far as the hub knows.
+    let demoted_term = {
+        let seen = copy(&primary).map(copy_term);
+        let before_raise = in_flight(&value, &primary).map(|_| term.saturating_sub(1).max(1));
+        [seen, before_raise]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(term)
+    };
     Some(ReplicaClusters {
         primary: Ok(primary),
         credentials,

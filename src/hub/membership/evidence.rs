@@ -192,24 +192,33 @@ impl Evidence {
         self.renewed(cluster, ok);
     }
 
-    /// The members the hub reaches (their last lease renewal succeeded) whose last
-    /// renewal did not carry primary term `term` (or a higher one) for `database`
-    /// (`namespace/name`). A member whose renewals fail is left out: its agent fences at
-    /// the lease duration, and reads the terms from the first renewal that reaches it
-    /// again before it unfences.
-    pub fn lacking_term(&self, database: &str, term: u64) -> Vec<String> {
+    /// Which of `members` may not hold primary term `term` (or a higher one) for
+    /// `database` (`namespace/name`): those the hub has not renewed the Lease of yet (a hub
+    /// that just started), and those whose last successful renewal did not carry it. A
+    /// member whose last renewal failed is left out: its agent fences at the lease
+    /// duration, and reads the terms from the first renewal that reaches it again before
+    /// it unfences.
+    pub fn lacking_term<'a>(
+        &self,
+        members: impl IntoIterator<Item = &'a str>,
+        database: &str,
+        term: u64,
+    ) -> Vec<String> {
         let records = self.records.lock().unwrap_or_else(|p| p.into_inner());
         let carried = self.carried.lock().unwrap_or_else(|p| p.into_inner());
-        let mut lacking: Vec<String> = records
-            .iter()
-            .filter(|(_, record)| record.renewal.is_some_and(|r| r.ok))
-            .filter(|(cluster, _)| {
+        let mut lacking: Vec<String> = members
+            .into_iter()
+            .filter(|cluster| {
+                let unreachable = records
+                    .get(*cluster)
+                    .and_then(|r| r.renewal)
+                    .is_some_and(|r| !r.ok);
                 let held = carried
                     .get(*cluster)
                     .and_then(|terms| terms.as_ref().as_ref()?.get(database).copied());
-                held.is_none_or(|held| held < term)
+                !unreachable && held.is_none_or(|held| held < term)
             })
-            .map(|(cluster, _)| cluster.clone())
+            .map(str::to_string)
             .collect();
         lacking.sort();
         lacking
@@ -422,24 +431,38 @@ mod tests {
             Arc::new(Some(BTreeMap::from([("shop/orders".to_string(), term)])))
         };
         let none: Carried = Arc::new(Some(BTreeMap::new()));
+        let members = ["east", "west", "north", "south"];
         evidence.renewed_carrying("east", true, &carrying(2));
         evidence.renewed_carrying("west", true, &none);
         evidence.renewed_carrying("north", true, &carrying(3));
         evidence.probed("south", true);
-        assert_eq!(evidence.lacking_term("shop/orders", 2), ["west"]);
-        assert_eq!(evidence.lacking_term("shop/orders", 3), ["east", "west"]);
+        // South was never renewed (a hub that just started): it may not hold it.
         assert_eq!(
-            evidence.lacking_term("shop/other", 2),
-            ["east", "north", "west"]
+            evidence.lacking_term(members, "shop/orders", 2),
+            ["south", "west"]
+        );
+        evidence.renewed_carrying("south", true, &carrying(2));
+        assert_eq!(evidence.lacking_term(members, "shop/orders", 2), ["west"]);
+        assert_eq!(
+            evidence.lacking_term(members, "shop/orders", 3),
+            ["east", "south", "west"]
+        );
+        assert_eq!(
+            evidence.lacking_term(members, "shop/other", 2),
+            ["east", "north", "south", "west"]
         );
         // A member the hub cannot reach is left out: it fences, and reads the terms from
         // the first renewal that reaches it; that renewal is what counts then.
         evidence.renewed_carrying("west", false, &carrying(2));
-        assert!(evidence.lacking_term("shop/orders", 2).is_empty());
+        assert!(evidence.lacking_term(members, "shop/orders", 2).is_empty());
         evidence.renewed_carrying("west", true, &carrying(2));
-        assert!(evidence.lacking_term("shop/orders", 2).is_empty());
+        assert!(evidence.lacking_term(members, "shop/orders", 2).is_empty());
         evidence.remove("east");
-        assert_eq!(evidence.lacking_term("shop/orders", 3), ["west"]);
+        assert_eq!(
+            evidence.lacking_term(["east", "west"], "shop/orders", 2),
+            ["east"],
+            "a member forgotten is renewed anew before it counts"
+        );
     }
 
     #[tokio::test]
