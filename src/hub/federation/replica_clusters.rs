@@ -316,6 +316,23 @@ pub fn switchover<'a>(
         };
     }
     let stage = started_stage(template, primary, to, copy, lacking);
+    // Given up and recorded, nothing promoted: the old primary cluster's copy is being
+    // written unmarked. A copy still seen marked (the hub's view lags its own write) must
+    // not carry the switchover on (a new term, a promotion) while it takes writes again.
+    if let Switchover::Demoting { to }
+    | Switchover::CatchingUp { to, .. }
+    | Switchover::RaisingTerm { to, .. }
+    | Switchover::RecordingTerm { to, .. } = &stage
+        && aborted_recorded(template, primary, to)
+    {
+        return Switchover::Aborting {
+            to: to.clone(),
+            why: template["status"]["abortedSwitchover"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        };
+    }
     // Nothing promoted yet: past the deadline the switchover is given up. Demoting and
     // catching up count from the start; once the new primary cluster has every write the
     // switchover goes on, and only waiting for the members to hold the raised term counts
@@ -1187,6 +1204,19 @@ mod tests {
             Switchover::Promoting { to: "west".into() }
         );
 
+        // Given up and recorded while still seen marked (the hub's view lags its write of
+        // the unmarked copy): no term is raised, nothing promoted, even with every write
+        // there.
+        let gave_up = json!({"spec": {"topology": {"primaryCluster": "west"}},
+            "status": {"primaryCluster": "east", "abortedSwitchover": {"from": "east", "to": "west",
+                       "time": "2026-12-06T11:59:59Z", "message": "stuck"}}});
+        assert_eq!(
+            stage(&gave_up, &recent, &caught_up),
+            Switchover::Aborting {
+                to: "west".into(),
+                why: "stuck".into()
+            }
+        );
         // Given up and recorded: not started again while the ask is the same.
         let recorded = json!({"spec": {"topology": {"primaryCluster": "west"}},
             "status": {"primaryCluster": "east", "abortedSwitchover": {"from": "east", "to": "west",
