@@ -870,11 +870,7 @@ mod tests {
                      east: &DynamicObject,
                      west: &DynamicObject,
                      not_ready: &dyn Fn(&str) -> Option<String>| {
-            let copy = |cluster: &str| match cluster {
-                "east" => Some(east),
-                "west" => Some(west),
-                _ => None,
-            };
+            let copy = east_and_west(east, west);
             switchover(
                 template,
                 "east",
@@ -948,11 +944,7 @@ mod tests {
             "status": {"primaryCluster": "east", "primaryTerm": 2,
                        "switchover": {"from": "east", "to": "west", "started": "",
                                       "time": "2026-12-06T12:00:00Z", "term": 2}}});
-        let copy = |cluster: &str| match cluster {
-            "east" => Some(&east_demoted),
-            "west" => Some(&west_marked),
-            _ => None,
-        };
+        let copy = east_and_west(&east_demoted, &west_marked);
         let north_lacks = |term: u64| {
             assert_eq!(term, 2);
             vec!["north".to_string()]
@@ -1046,11 +1038,7 @@ mod tests {
         let mut restarting = replica_status("0/5000200");
         restarting["instances"][0]["role"] = Value::Null;
         let west_after = database_copy(3, &marked, restarting);
-        let copy = |cluster: &str| match cluster {
-            "east" => Some(&east_demoted),
-            "west" => Some(&west_after),
-            _ => None,
-        };
+        let copy = east_and_west(&east_demoted, &west_after);
         assert_eq!(
             switchover(
                 &recorded,
@@ -1073,6 +1061,18 @@ mod tests {
             .unwrap()
             .contains("0/5000100")
         );
+    }
+
+    /// A copy lookup that knows east's and west's copies only.
+    fn east_and_west<'a>(
+        east: &'a DynamicObject,
+        west: &'a DynamicObject,
+    ) -> impl Fn(&str) -> Option<&'a DynamicObject> {
+        move |cluster| match cluster {
+            "east" => Some(east),
+            "west" => Some(west),
+            _ => None,
+        }
     }
 
     fn now() -> jiff::Timestamp {
@@ -1107,11 +1107,7 @@ mod tests {
         let lacking_now = std::cell::RefCell::new(Vec::<String>::new());
         let lacking = |_: u64| lacking_now.borrow().clone();
         let stage = |template: &Value, east: &DynamicObject, west: &DynamicObject| {
-            let copy = |cluster: &str| match cluster {
-                "east" => Some(east),
-                "west" => Some(west),
-                _ => None,
-            };
+            let copy = east_and_west(east, west);
             switchover(
                 template,
                 "east",
