@@ -1781,6 +1781,126 @@ async fn a_hub_killed_in_the_middle_of_a_switchover_finishes_it_under_the_same_t
     Ok(())
 }
 
+/// A hub killed while the switchover is still demoting the old primary cluster (before
+/// the term is raised), restarted at once while west is cut off from it too, so that it
+/// starts without west's copies listed: it decides nothing about west's copy (or east's)
+/// from a stage computed without them, so it never writes west's copy writable and
+/// unmarked; once west is back it resumes the same switchover (the same start, so the
+/// same deadline) and finishes it under term 2. East cannot catch up while west's
+/// database pods are cut off, which holds the switchover before the raise across the
+/// restart. Checked in west's API server audit log: every hub write of west's copy from
+/// the first that demoted it leaves it read-only and marked with the same start, or
+/// following east.
+#[tokio::test]
+async fn a_hub_killed_while_the_old_primary_is_demoted_never_writes_it_writable_again() -> Result<()>
+{
+    use bulkhead_e2e::chaos::audit::read_cluster;
+    use bulkhead_e2e::federation::{Federation, databases};
+    use bulkhead_e2e::lab::HUB_USER_IN_MEMBERS;
+
+    let mut federation = Federation::start_with_databases("pg-swdemote", &[]).await?;
+    let ns = federation.namespace.clone();
+    let (_, credentials) = orders_streaming_west_to_east(&federation, 10).await?;
+    let [west, east] = ["west", "east"].map(|c| federation.members[c].clone());
+    let west_copies = federation.api("west", &databases());
+    let template = federation.api("hub", &databases());
+    federation.lab.cut_database_pods("west")?;
+    ask_primary_cluster(&template, "east").await?;
+    let marked = |copy: &kube::api::DynamicObject| {
+        copy.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(bulkhead::api::ANNOTATION_SWITCHOVER_TO))
+            .is_some_and(|to| to == "east")
+    };
+    wait_for(
+        "west's copy demoted for the switchover",
+        Duration::from_secs(60),
+        || {
+            let west_copies = west_copies.clone();
+            async move {
+                match west_copies.get("orders").await {
+                    Ok(copy) if marked(&copy) => Check::Done(()),
+                    Ok(copy) => Check::Waiting(format!("{:?}", copy.metadata.annotations)),
+                    Err(e) => Check::Waiting(e.to_string()),
+                }
+            }
+        },
+    )
+    .await?;
+    federation.kill_hub();
+    let status = template.get("orders").await?.data["status"].clone();
+    assert!(
+        status["switchover"].is_null() && status["primaryTerm"].as_u64().unwrap_or(1) == 1,
+        "killed before the raise: {status}"
+    );
+    federation.lab.partition("west")?;
+    federation.start_hub()?;
+    let hub_log = || format!("hub log: {}", federation.hub_log().display());
+    // The restarted hub leads and reconciles `orders` without west's copies, then lists
+    // them once west is back, while east still cannot catch up.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    federation.lab.heal("west")?;
+    let status = wait_hub_status(
+        &template,
+        "the restarted hub finishes the switchover",
+        |s| s["primaryCluster"] == "east",
+    )
+    .await
+    .with_context(hub_log)?;
+    assert_eq!(status["primaryTerm"], 2, "one raise: {status}");
+    let new_primary = wait_streaming(&east, &ns, "orders")
+        .await
+        .with_context(hub_log)?;
+    let (_, lost) = rows_and_lost(new_primary, &credentials, &(0..10).collect::<Vec<_>>()).await?;
+    assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
+    wait_rows_everywhere(&west, &ns, "orders-r", &credentials, 10, 1)
+        .await
+        .with_context(hub_log)?;
+
+    // West's audit log: the hub's writes of west's copy, from the first demoted one.
+    let (records, _) = read_cluster("west", &federation.lab.log_dir("west"))?;
+    let writes: Vec<_> = records
+        .iter()
+        .filter(|r| {
+            r.event.user.username == HUB_USER_IN_MEMBERS
+                && r.event.succeeded()
+                && r.event.object_ref.as_ref().is_some_and(|o| {
+                    o.resource == "mydatabases"
+                        && o.namespace == ns
+                        && o.name == "orders"
+                        && o.subresource.is_empty()
+                })
+        })
+        .filter_map(|r| Some((r, r.event.response_object.as_ref()?)))
+        .skip_while(|(_, object)| {
+            object["metadata"]["annotations"][bulkhead::api::ANNOTATION_SWITCHOVER_TO] != "east"
+        })
+        .collect();
+    assert!(
+        !writes.is_empty(),
+        "west's audit log holds the hub's writes of orders"
+    );
+    let started =
+        &writes[0].1["metadata"]["annotations"][bulkhead::api::ANNOTATION_SWITCHOVER_STARTED];
+    for (record, object) in &writes {
+        let follows_east = !object["spec"]["topology"]["replicaOf"].is_null();
+        let demoted = object["spec"]["readOnly"] == true
+            && object["metadata"]["annotations"][bulkhead::api::ANNOTATION_SWITCHOVER_STARTED]
+                == *started;
+        assert!(
+            follows_east || demoted,
+            "the hub wrote west's copy neither demoted (started {started}) nor following east: {}",
+            record.line
+        );
+    }
+    eprintln!(
+        "{} hub writes of west's copy since it was demoted: each read-only with the same start, or following east",
+        writes.len()
+    );
+    Ok(())
+}
+
 /// A switchover whose target cannot receive the old primary's WAL is aborted with nothing
 /// promoted. West holds the primary of replica clusters west + east; west's database pods
 /// are cut off from the other clusters (its API server still reachable: the hub sees both

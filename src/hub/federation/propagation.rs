@@ -118,6 +118,11 @@ pub struct ReplicaClusters {
     /// switchover moves the primary away, so that once the members hold the raised term
     /// its agent counts it deposed, whatever else its spec says.
     pub demoted_term: u64,
+    /// The clusters whose copies of this kind the hub had listed when it read them for
+    /// this setup. The primary cluster and the switchover's stage are decided from those
+    /// copies; a cluster listed only afterwards (a hub that just started) gets no copy
+    /// built from a decision made without it: it waits for the next reconcile.
+    pub listed: std::collections::BTreeSet<String>,
 }
 
 /// What a cluster's copy is built from during a rollout.
@@ -514,6 +519,17 @@ fn replica_copy(
         .primary
         .as_deref()
         .map_err(|why| format!("not applied: {why}"))?;
+    // Built only from a setup that saw this cluster's copies and the primary cluster's
+    // (which carry whether a switchover is under way): a hub that just started must not
+    // write the old primary cluster's copy writable from a stage decided without it.
+    if !setup.listed.contains(primary) {
+        return Err(format!(
+            "listing {primary}'s copies (the primary cluster's copy says whether a switchover is under way); applied once they are known"
+        ));
+    }
+    if !setup.listed.contains(cluster) {
+        return Err("listing the cluster's copies; applied once they are known".into());
+    }
     let moving_to = setup.switchover.started_to();
     if let Some(note) = setup.switchover.describe(primary)
         && (cluster == primary || Some(cluster) == setup.switchover.target())
@@ -1243,6 +1259,11 @@ mod tests {
 
     use crate::hub::federation::replica_clusters::Switchover;
 
+    /// Every cluster these tests place in, its copies listed.
+    fn listed() -> std::collections::BTreeSet<String> {
+        ["east", "west", "north", "south"].map(String::from).into()
+    }
+
     fn replica_setup(primary: &str, ready: &[&str]) -> ReplicaClusters {
         ReplicaClusters {
             primary: Ok(primary.into()),
@@ -1251,12 +1272,78 @@ mod tests {
             switchover_started: None,
             term: 1,
             demoted_term: 1,
+            listed: listed(),
         }
     }
 
     fn with_endpoint(mut copy: DynamicObject, host: &str) -> DynamicObject {
         copy.data["status"]["endpoint"] = json!({"host": host, "port": 5432});
         copy
+    }
+
+    /// A hub that just started decides the primary cluster and the switchover's stage
+    /// from the copies listed when its setup read them. A cluster listed only by the time
+    /// it plans (its copy seen there, but not by the setup) gets no copy built from that
+    /// decision: the old primary cluster's copy, marked for a switchover the setup could
+    /// not see, would otherwise be written writable and unmarked. Without the primary
+    /// cluster's copies nothing is applied; without a replica cluster's, only it waits.
+    #[test]
+    fn a_copy_is_built_only_from_a_setup_that_saw_the_cluster_listed() {
+        let template = database(2);
+        let placed = targets(&[("east", 1), ("west", 1), ("north", 1)]);
+        let mut west_copy = with_endpoint(database_copy(1, 1, "w"), "10.0.1.7");
+        let annotations = west_copy.metadata.annotations.get_or_insert_default();
+        annotations.insert(crate::api::ANNOTATION_SWITCHOVER_TO.into(), "east".into());
+        annotations.insert(
+            crate::api::ANNOTATION_SWITCHOVER_STARTED.into(),
+            "2026-12-07T05:00:00Z".into(),
+        );
+        west_copy.data["spec"]["readOnly"] = json!(true);
+        let east_copy = database_copy(1, 1, "e");
+        let north_copy = database_copy(1, 1, "n");
+        let members = [
+            member("east", Some(&east_copy)),
+            member("west", Some(&west_copy)),
+            member("north", Some(&north_copy)),
+        ];
+        // The setup saw no mark (west not listed yet): no switchover, as far as it knows.
+        let blind = ReplicaClusters {
+            listed: ["east", "north"].map(String::from).into(),
+            ..replica_setup("west", &["east", "north"])
+        };
+        let plan = super::plan(&PlanInput {
+            replica_clusters: Some(&blind),
+            ..stateful(&template, &placed, &[], &members)
+        });
+        assert!(plan.applies.is_empty(), "{:?}", plan.applies);
+        for cluster in ["east", "west", "north"] {
+            assert!(
+                plan.notes[cluster].contains("listing west's copies"),
+                "{cluster}: {:?}",
+                plan.notes
+            );
+        }
+        let mut deferred = plan.deferred.clone();
+        deferred.sort();
+        assert_eq!(deferred, ["east", "north", "west"]);
+
+        // The primary cluster listed, north not: only north waits.
+        let north_unlisted = ReplicaClusters {
+            listed: ["east", "west"].map(String::from).into(),
+            switchover: Switchover::Demoting { to: "east".into() },
+            switchover_started: Some("2026-12-07T05:00:00Z".into()),
+            ..replica_setup("west", &["east", "north"])
+        };
+        let plan = super::plan(&PlanInput {
+            replica_clusters: Some(&north_unlisted),
+            ..stateful(&template, &placed, &[], &members)
+        });
+        assert_eq!(plan.deferred, ["north"]);
+        assert!(plan.notes["north"].contains("listing the cluster's copies"));
+        assert!(plan.applies.iter().all(|a| a.cluster != "north"));
+        let west = plan.applies.iter().find(|a| a.cluster == "west");
+        let west = west.expect("the primary cluster's copy, built from a stage that saw it");
+        assert_eq!(west.object["spec"]["readOnly"], true, "still demoted");
     }
 
     /// The primary cluster's copy goes out first; a replica cluster's waits for the
@@ -1310,6 +1397,7 @@ mod tests {
             switchover_started: None,
             term: 1,
             demoted_term: 1,
+            listed: listed(),
         };
         let plan_refused = super::plan(&PlanInput {
             replica_clusters: Some(&refused),
@@ -1467,6 +1555,7 @@ mod tests {
             switchover_started: None,
             term: 1,
             demoted_term: 1,
+            listed: listed(),
         };
         let members = [member("east", None), member("west", None)];
         let plan = super::plan(&PlanInput {

@@ -8,7 +8,7 @@
 //! its own ran there) is never overwritten: its copy is not applied, and the binding says
 //! which Secrets to remove to make it a replica cluster.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{ApiResource, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
@@ -45,17 +45,21 @@ pub(super) async fn setup(
     if !enabled(&value) {
         return None;
     }
-    let copies: Vec<(String, _)> = views
-        .iter()
-        .filter_map(|view| {
-            let copy =
-                context
-                    .caches
-                    .member(&view.name)?
-                    .get(resource, &key.namespace, &key.name)?;
-            Some((view.name.clone(), copy))
-        })
-        .collect();
+    // Whether a member's copies are listed is read before its copy: one listed only
+    // after that read counts as not listed (its copy may have been missed).
+    let mut listed = BTreeSet::new();
+    let mut copies: Vec<(String, _)> = vec![];
+    for view in views {
+        let Some(member) = context.caches.member(&view.name) else {
+            continue;
+        };
+        if member.synced(resource) {
+            listed.insert(view.name.clone());
+        }
+        if let Some(copy) = member.get(resource, &key.namespace, &key.name) {
+            copies.push((view.name.clone(), copy));
+        }
+    }
     let order = policy_order(context, desired);
     let targets = &desired.spec.clusters;
     let primary = match primary_cluster(&value, targets, copies.iter().map(|(_, c)| &**c), &order) {
@@ -69,6 +73,7 @@ pub(super) async fn setup(
                 switchover_started: None,
                 term: 1,
                 demoted_term: 1,
+                listed,
             });
         }
     };
@@ -288,6 +293,7 @@ pub(super) async fn setup(
         switchover_started,
         term,
         demoted_term,
+        listed,
     })
 }
 
