@@ -70,6 +70,13 @@ pub struct HubOptions {
     /// The pass is spread over the interval. At least 10s.
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     pub resync_interval: Duration,
+    /// How long a planned switchover of a MyDatabase's replica clusters may take to demote
+    /// the old primary cluster, have the new one catch up with its last WAL position and
+    /// have every member hold the raised primary term. Past it, with nothing promoted, the
+    /// hub gives the switchover up (`status.abortedSwitchover`) and the old primary cluster
+    /// takes writes again: the database is read-only at most this long. At least 10s.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub switchover_deadline: Duration,
     /// Failover evictions allowed per second, over all bindings (a token bucket with a
     /// burst of one second's worth). Each binding that moves replicas off a failed cluster
     /// takes one; the others wait for the next pass.
@@ -174,20 +181,8 @@ impl Default for HubState {
 }
 
 /// Runs the hub until SIGTERM.
-pub async fn run(options: HubOptions) -> Result<()> {
-    crate::hub::federation::scheduler::set_namespace_filter(
-        crate::hub::federation::scheduler::NamespaceFilter {
-            exclude: options.exclude_namespaces.clone(),
-            include: options.include_namespaces.clone(),
-            own: std::env::var("POD_NAMESPACE")
-                .ok()
-                .filter(|n| !n.is_empty()),
-        },
-    )
-    .map_err(|reason| crate::Error::InvalidOption {
-        option: "--exclude-namespace/--include-namespace".into(),
-        reason,
-    })?;
+/// The numeric settings, each checked against what it is for: an error names the flag.
+fn check_settings(options: &HubOptions) -> Result<()> {
     if !(0.0..=1.0).contains(&options.token_renew_fraction) {
         return Err(crate::Error::InvalidOption {
             option: "--token-renew-fraction".into(),
@@ -215,6 +210,15 @@ pub async fn run(options: HubOptions) -> Result<()> {
             ),
         });
     }
+    if options.switchover_deadline < Duration::from_secs(10) {
+        return Err(crate::Error::InvalidOption {
+            option: "--switchover-deadline".into(),
+            reason: format!(
+                "{:?} is too short: the old primary cluster must demote, the new one catch up and every member hold the raised term within it; use 10s or more (default 60s)",
+                options.switchover_deadline
+            ),
+        });
+    }
     if options.lease_renew_interval >= options.lease_duration {
         return Err(crate::Error::InvalidOption {
             option: "--lease-renew-interval".into(),
@@ -224,6 +228,24 @@ pub async fn run(options: HubOptions) -> Result<()> {
             ),
         });
     }
+    Ok(())
+}
+
+pub async fn run(options: HubOptions) -> Result<()> {
+    crate::hub::federation::scheduler::set_namespace_filter(
+        crate::hub::federation::scheduler::NamespaceFilter {
+            exclude: options.exclude_namespaces.clone(),
+            include: options.include_namespaces.clone(),
+            own: std::env::var("POD_NAMESPACE")
+                .ok()
+                .filter(|n| !n.is_empty()),
+        },
+    )
+    .map_err(|reason| crate::Error::InvalidOption {
+        option: "--exclude-namespace/--include-namespace".into(),
+        reason,
+    })?;
+    check_settings(&options)?;
     let election_timing = options.leader_election.validate()?;
     let process = Process::start("hub", &options.client, &options.serve).await?;
     let wait = Duration::from_secs(options.serve.crd_wait_seconds);
@@ -424,6 +446,7 @@ pub async fn run_membership(
     let controller_metrics = federation::register_metrics(&process.metrics);
     let eviction_rate = options.eviction_rate;
     let resync_interval = options.resync_interval;
+    let switchover_deadline = options.switchover_deadline;
     let finalizer_admission_policy = options.finalizer_admission_policy;
     let scheduler_task = tokio::spawn(crate::leader::run_while_leader(
         state.leadership.clone(),
@@ -440,6 +463,7 @@ pub async fn run_membership(
                     eviction_rate,
                     resync_interval,
                     finalizer_admission_policy,
+                    switchover_deadline,
                 },
                 cancel,
             )
@@ -479,5 +503,33 @@ mod tests {
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("2h").is_err());
         assert!(parse_duration("soon").is_err());
+    }
+
+    #[derive(clap::Parser)]
+    struct Command {
+        #[command(flatten)]
+        hub: HubOptions,
+    }
+
+    fn options(args: &[&str]) -> HubOptions {
+        use clap::Parser;
+        Command::try_parse_from(std::iter::once("hub").chain(args.iter().copied()))
+            .expect("arguments parse")
+            .hub
+    }
+
+    #[test]
+    fn a_switchover_deadline_too_short_to_switch_over_is_refused_by_name() {
+        let defaults = options(&[]);
+        assert_eq!(defaults.switchover_deadline, Duration::from_secs(60));
+        assert!(check_settings(&defaults).is_ok());
+        assert!(check_settings(&options(&["--switchover-deadline", "3m"])).is_ok());
+        let error = check_settings(&options(&["--switchover-deadline", "5s"]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("--switchover-deadline") && error.contains("10s or more"),
+            "{error}"
+        );
     }
 }

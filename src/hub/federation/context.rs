@@ -392,6 +392,9 @@ pub(super) struct Context {
     /// cluster's this leadership term: (template, replica cluster) to the primary
     /// cluster they came from.
     pub replica_credentials: Mutex<HashMap<(ObjectKey, String), String>>,
+    /// How long a planned switchover may take before anything is promoted
+    /// (`--switchover-deadline`).
+    pub switchover_deadline: Duration,
 }
 
 /// What placement knows of every member, sorted by name, with each staticWeightList it

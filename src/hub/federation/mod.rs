@@ -115,6 +115,9 @@ pub struct ControllerOptions {
     /// Keep the MutatingAdmissionPolicy that adds the cleanup finalizer on create
     /// ([`finalizer_policy`]); off, the hub deletes it and adds every finalizer itself.
     pub finalizer_admission_policy: bool,
+    /// How long a planned switchover of replica clusters may take before anything is
+    /// promoted; past it, the hub gives it up (`--switchover-deadline`).
+    pub switchover_deadline: Duration,
 }
 
 /// Something that happened on the hub, as the queue sees it.
@@ -468,6 +471,7 @@ async fn run_kinds(
         resync: Mutex::default(),
         revisions: Default::default(),
         replica_credentials: Mutex::default(),
+        switchover_deadline: options.switchover_deadline,
     });
 
     // Aborted when this function returns or is dropped (a leadership term that ends).

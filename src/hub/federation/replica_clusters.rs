@@ -22,9 +22,10 @@ use crate::api::{
 /// How long a switchover may take to demote the old primary cluster and have the new one
 /// catch up with its last WAL position, and then how long the members may take to hold
 /// the raised primary term, before the hub gives it up and the old primary cluster takes
-/// writes again. Until then nothing was promoted, so giving up is safe; once the hub has
-/// told the new primary cluster to promote, the switchover only goes forward.
-pub const SWITCHOVER_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
+/// writes again (the hub's `--switchover-deadline`, this by default). Until then nothing
+/// was promoted, so giving up is safe; once the hub has told the new primary cluster to
+/// promote, the switchover only goes forward.
+pub const DEFAULT_SWITCHOVER_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// A hub MyDatabase (as JSON) asks for replica clusters, or has a recorded primary
 /// cluster (which keeps its copies replica clusters).
@@ -156,10 +157,11 @@ pub enum Switchover {
     /// The new primary cluster runs a primary: the hub records it as the primary cluster,
     /// and the old one follows it.
     Done { to: String },
-    /// Not promoted by [`SWITCHOVER_DEADLINE`]: given up, where it stood in `why`. The
-    /// hub records it in the template's `status.abortedSwitchover`, then the old primary
+    /// Not promoted by the deadline (`after` seconds, [`DEFAULT_SWITCHOVER_DEADLINE`]
+    /// unless the hub was given another): given up, where it stood in `why`. The hub
+    /// records it in the template's `status.abortedSwitchover`, then the old primary
     /// cluster's copy loses `readOnly` and takes writes again.
-    Aborting { to: String, why: String },
+    Aborting { to: String, why: String, after: u64 },
 }
 
 impl Switchover {
@@ -218,9 +220,8 @@ impl Switchover {
             Switchover::Done { to } => {
                 format!("switchover from {from} to {to}: {to} runs the primary; recording it")
             }
-            Switchover::Aborting { to, why } => format!(
-                "switchover from {from} to {to} aborted after {} s, nothing promoted ({why}); {from} takes writes again",
-                SWITCHOVER_DEADLINE.as_secs()
+            Switchover::Aborting { to, why, after } => format!(
+                "switchover from {from} to {to} aborted after {after} s, nothing promoted ({why}); {from} takes writes again"
             ),
         })
     }
@@ -283,7 +284,8 @@ pub fn runs_as_replica_cluster(status: &Value) -> bool {
 /// Where the switchover of a database whose recorded primary cluster is `primary`
 /// stands at `now`. `copy` finds a cluster's copy as last seen; `not_ready` says why a
 /// cluster is not Ready (None: it is); `lacking` names the members the hub reaches whose
-/// fencing Lease does not carry a primary term yet; `order` is the policy's cluster order.
+/// fencing Lease does not carry a primary term yet; `order` is the policy's cluster order;
+/// nothing promoted within `deadline` gives the switchover up.
 #[allow(clippy::too_many_arguments)]
 pub fn switchover<'a>(
     template: &Value,
@@ -294,6 +296,7 @@ pub fn switchover<'a>(
     not_ready: &dyn Fn(&str) -> Option<String>,
     lacking: &dyn Fn(u64) -> Vec<String>,
     now: jiff::Timestamp,
+    deadline: std::time::Duration,
 ) -> Switchover {
     // The mark on the primary cluster's own copy. Once the new primary cluster is
     // recorded its copy still carries the mark until the hub applies it again: a mark
@@ -331,6 +334,7 @@ pub fn switchover<'a>(
                 .as_str()
                 .unwrap_or_default()
                 .to_string(),
+            after: deadline.as_secs(),
         };
     }
     // Nothing promoted yet: past the deadline the switchover is given up. Demoting and
@@ -345,7 +349,8 @@ pub fn switchover<'a>(
         _ => return stage,
     };
     let since = since.and_then(|t| t.parse::<jiff::Timestamp>().ok());
-    let deadline = jiff::SignedDuration::try_from(SWITCHOVER_DEADLINE).unwrap_or_default();
+    let after = deadline.as_secs();
+    let deadline = jiff::SignedDuration::try_from(deadline).unwrap_or_default();
     let Some(to) = stage.started_to() else {
         return stage;
     };
@@ -357,6 +362,7 @@ pub fn switchover<'a>(
                 .unwrap_or_default()
                 .trim_start_matches(&format!("switchover from {primary} to {to}: "))
                 .to_string(),
+            after,
         },
         _ => stage,
     }
@@ -801,6 +807,7 @@ mod tests {
                 not_ready,
                 &|_| vec![],
                 now(),
+                DEFAULT_SWITCHOVER_DEADLINE,
             )
         };
         assert_eq!(stage(&unset, &kept, &ready), Switchover::None);
@@ -880,6 +887,7 @@ mod tests {
                 not_ready,
                 &|_| vec![],
                 now(),
+                DEFAULT_SWITCHOVER_DEADLINE,
             )
         };
         let steady = json!({"spec": {"topology": {"primaryCluster": "east"}},
@@ -958,7 +966,8 @@ mod tests {
                 &copy,
                 &ready,
                 &north_lacks,
-                now()
+                now(),
+                DEFAULT_SWITCHOVER_DEADLINE
             ),
             Switchover::RecordingTerm {
                 to: "west".into(),
@@ -984,7 +993,8 @@ mod tests {
                 &unseen,
                 &ready,
                 &|_| vec![],
-                now()
+                now(),
+                DEFAULT_SWITCHOVER_DEADLINE
             ),
             Switchover::Demoting { to: "west".into() }
         );
@@ -1048,7 +1058,8 @@ mod tests {
                 &copy,
                 &ready,
                 &|_| vec![],
-                now()
+                now(),
+                DEFAULT_SWITCHOVER_DEADLINE
             ),
             Switchover::None
         );
@@ -1117,6 +1128,7 @@ mod tests {
                 &|_| None,
                 &lacking,
                 now(),
+                DEFAULT_SWITCHOVER_DEADLINE,
             )
         };
         let recent = started("2026-12-06T11:59:30Z");
@@ -1125,12 +1137,14 @@ mod tests {
             Switchover::CatchingUp { .. }
         ));
         let old = started("2026-12-06T11:58:59Z");
-        let Switchover::Aborting { to, why } = stage(&asked, &old, &behind) else {
+        let Switchover::Aborting { to, why, .. } = stage(&asked, &old, &behind) else {
             panic!("a switchover catching up past the deadline is given up");
         };
         assert_eq!(to, "west");
         assert!(why.starts_with("east refuses writes; waiting until west has received its last WAL position 0/5000100"), "{why}");
-        let described = Switchover::Aborting { to, why }.describe("east").unwrap();
+        let described = Switchover::Aborting { to, why, after: 60 }
+            .describe("east")
+            .unwrap();
         assert!(
             described.contains("aborted after 60 s, nothing promoted")
                 && described.ends_with("east takes writes again"),
@@ -1210,7 +1224,8 @@ mod tests {
             stage(&gave_up, &recent, &caught_up),
             Switchover::Aborting {
                 to: "west".into(),
-                why: "stuck".into()
+                why: "stuck".into(),
+                after: 60,
             }
         );
         // Given up and recorded: not started again while the ask is the same.

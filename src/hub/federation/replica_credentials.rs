@@ -154,7 +154,15 @@ pub(super) async fn setup(
             .lacking_term(members, &database, term)
     };
     let mut switchover = switchover(
-        &value, &primary, targets, &order, &copy, &not_ready, &lacking, now,
+        &value,
+        &primary,
+        targets,
+        &order,
+        &copy,
+        &not_ready,
+        &lacking,
+        now,
+        context.switchover_deadline,
     );
     if switchover != Switchover::None {
         let marks = |cluster: &str| {
