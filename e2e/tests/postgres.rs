@@ -1905,8 +1905,9 @@ async fn a_hub_killed_while_the_old_primary_is_demoted_never_writes_it_writable_
 /// promoted. West holds the primary of replica clusters west + east; west's database pods
 /// are cut off from the other clusters (its API server still reachable: the hub sees both
 /// clusters Ready, east's last reported position stands). `bulkhead switchover --to east`
-/// starts it: west demotes, east never receives west's last position; past the 60 s
-/// deadline the hub records `status.abortedSwitchover`, the CLI exits non-zero with it,
+/// starts it: west demotes, east never receives west's last position; past the deadline
+/// (the hub runs with `--switchover-deadline 20s`) the hub records
+/// `status.abortedSwitchover`, the CLI exits non-zero with it,
 /// west takes writes again and east promoted nothing. The same ask is not retried by
 /// itself; after the heal, asked anew, it goes through losing no acknowledged write.
 #[tokio::test]
@@ -1915,7 +1916,8 @@ async fn a_switchover_whose_target_cannot_catch_up_is_aborted_and_the_old_primar
     use bulkhead_e2e::federation::{Federation, databases};
     use kube::ResourceExt;
 
-    let federation = Federation::start_with_databases("pg-abort", &[]).await?;
+    let federation =
+        Federation::start_with_databases("pg-abort", &["--switchover-deadline", "20s"]).await?;
     let ns = federation.namespace.as_str();
     let (_, credentials) = orders_streaming_west_to_east(&federation, 10).await?;
     let west = federation.members["west"].clone();
@@ -1928,7 +1930,7 @@ async fn a_switchover_whose_target_cannot_catch_up_is_aborted_and_the_old_primar
     let aborted = cli("east")?;
     let stderr = String::from_utf8_lossy(&aborted.stderr).to_string();
     assert!(
-        !aborted.status.success() && stderr.contains("aborted after 60 s, nothing promoted"),
+        !aborted.status.success() && stderr.contains("aborted after 20 s, nothing promoted"),
         "the CLI reports the abort: {stderr}"
     );
     eprintln!(
