@@ -10,17 +10,46 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
 use futures::StreamExt;
 use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::hub::membership::evidence::Carried;
+
 /// `namespace/name` -> primary term, for every template whose term is above 1; None until
-/// the templates were listed once.
-pub type Terms = Arc<ArcSwap<Option<BTreeMap<String, u64>>>>;
+/// the templates were listed once. Clones share one value; a renewal task waits on it
+/// ([`Terms::changed_from`]) so that a raised term goes out at once.
+#[derive(Clone, Debug)]
+pub struct Terms(Arc<watch::Sender<Carried>>);
+
+impl Default for Terms {
+    fn default() -> Self {
+        Self(Arc::new(watch::Sender::new(Arc::new(None))))
+    }
+}
+
+impl Terms {
+    /// The terms as last published.
+    pub fn load_full(&self) -> Carried {
+        self.0.borrow().clone()
+    }
+
+    /// Publishes `terms`, waking every task waiting for a change.
+    pub fn store(&self, terms: Carried) {
+        self.0.send_replace(terms);
+    }
+
+    /// Returns once the published terms differ from `carried`.
+    pub async fn changed_from(&self, carried: &Carried) {
+        let mut published = self.0.subscribe();
+        // The sender lives as long as `self`: waiting cannot fail.
+        let _ = published.wait_for(|now| now != carried).await;
+    }
+}
 
 /// The primary term a hub template's status records, when above 1. A template being
 /// deleted keeps its term in every Lease: its cleanup finalizer holds it until every copy
@@ -89,7 +118,7 @@ pub async fn run(hub: Client, terms: Terms, shutdown: CancellationToken) {
                     watcher::Error::InitialListFailed(kube::Error::Api(status))
                         if status.code == 404 || status.code == 403
                 );
-                if missing && terms.load().is_none() {
+                if missing && terms.load_full().is_none() {
                     tracing::warn!(%error, "cannot list MyDatabase templates on the hub: the fencing Lease carries no primary terms");
                     terms.store(Arc::new(Some(BTreeMap::new())));
                 } else if !missing {
