@@ -1712,6 +1712,94 @@ async fn the_hub_makes_the_other_clusters_replica_clusters_of_the_primary_cluste
     Ok(())
 }
 
+/// A switchover among three clusters: `orders` 1 + 1 + 1 over west (primary cluster, first
+/// in the policy), east and north. `bulkhead switchover --to east` promotes east; north,
+/// a replica cluster of west throughout, then follows east (a new upstream on east's new
+/// timeline) and so does west: every write acknowledged before and after the switchover is
+/// in every cluster, and only east's `-rw` has endpoints.
+#[tokio::test]
+async fn a_switchover_among_three_clusters_makes_every_other_cluster_follow_the_new_primary()
+-> Result<()> {
+    use bulkhead_e2e::federation::{Federation, databases};
+    use serde_json::json;
+
+    let federation = Federation::start_with_databases("pg-sw3", &[]).await?;
+    let ns = federation.namespace.as_str();
+    place_on(&federation, "orders", &["west", "east", "north"]).await?;
+    federation
+        .apply(
+            &databases(),
+            json!({"apiVersion": "example.com/v1", "kind": "MyDatabase", "metadata": {"name": "orders"},
+                   "spec": {"replicas": 3, "version": "16", "storage": {"size": "1Gi"},
+                            "topology": {"acrossClusters": "ReplicaClusters"}}}),
+        )
+        .await?;
+    let hub_log = || format!("hub log: {}", federation.hub_log().display());
+    let [west, east, north] = ["west", "east", "north"].map(|c| federation.members[c].clone());
+    let primary = wait_streaming(&west, ns, "orders")
+        .await
+        .with_context(hub_log)?;
+    let credentials = app_credentials(&west, ns, "orders").await?;
+    write_rows(&connect(primary, &credentials).await?, 0..10, true).await?;
+    for cluster in [&east, &north] {
+        wait_rows_everywhere(cluster, ns, "orders-r", &credentials, 10, 1)
+            .await
+            .with_context(hub_log)?;
+    }
+    let template = federation.api("hub", &databases());
+    wait_hub_status(
+        &template,
+        "east and north run as replica clusters of west",
+        |s| {
+            s["primaryCluster"] == "west"
+                && row(s, "east")["role"] == "Replica"
+                && row(s, "north")["role"] == "Replica"
+        },
+    )
+    .await
+    .with_context(hub_log)?;
+
+    let asked = Instant::now();
+    let switched = switchover_cli(&federation, "east", 120)?;
+    assert!(
+        switched.status.success(),
+        "the switchover goes through: {}; {}",
+        String::from_utf8_lossy(&switched.stderr),
+        hub_log()
+    );
+    eprintln!(
+        "switchover west -> east among three clusters: {:?}",
+        asked.elapsed()
+    );
+    let status = template.get("orders").await?.data["status"].clone();
+    assert_eq!(status["primaryCluster"], "east", "{status}");
+    assert_eq!(status["primaryTerm"], 2, "{status}");
+    let new_primary = wait_streaming(&east, ns, "orders")
+        .await
+        .with_context(hub_log)?;
+    write_rows(&connect(new_primary, &credentials).await?, 10..20, false).await?;
+    let (_, lost) = rows_and_lost(new_primary, &credentials, &(0..20).collect::<Vec<_>>()).await?;
+    assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
+    for (name, cluster) in [("north", &north), ("west", &west)] {
+        let took = wait_rows_everywhere(cluster, ns, "orders-r", &credentials, 20, 1)
+            .await
+            .with_context(hub_log)?;
+        eprintln!("{name} follows east: every row there {took:?} after the check began");
+        assert!(
+            endpoints(cluster, ns, "orders-rw").await?.is_empty(),
+            "{name}, a replica cluster of east, has no -rw endpoints"
+        );
+    }
+    wait_hub_status(
+        &template,
+        "west and north run as replica clusters of east",
+        |s| row(s, "west")["role"] == "Replica" && row(s, "north")["role"] == "Replica",
+    )
+    .await
+    .with_context(hub_log)?;
+    Ok(())
+}
+
 /// A hub killed in the middle of a switchover, right after it raised the primary term,
 /// and away longer than the fencing lease (every agent fences meanwhile): the restarted
 /// hub picks the switchover up from the copies and the template's status, raises no second
