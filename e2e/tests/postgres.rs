@@ -1869,84 +1869,56 @@ async fn a_hub_killed_in_the_middle_of_a_switchover_finishes_it_under_the_same_t
     Ok(())
 }
 
-/// A hub killed while the switchover is still demoting the old primary cluster (before
-/// the term is raised), restarted at once while west is cut off from it too, so that it
-/// starts without west's copies listed: it decides nothing about west's copy (or east's)
-/// from a stage computed without them, so it never writes west's copy writable and
-/// unmarked; once west is back it resumes the same switchover (the same start, so the
-/// same deadline) and finishes it under term 2. East cannot catch up while west's
-/// database pods are cut off, which holds the switchover before the raise across the
-/// restart. Checked in west's API server audit log: every hub write of west's copy from
-/// the first that demoted it leaves it read-only and marked with the same start, or
-/// following east.
-#[tokio::test]
-async fn a_hub_killed_while_the_old_primary_is_demoted_never_writes_it_writable_again() -> Result<()>
-{
-    use bulkhead_e2e::chaos::audit::read_cluster;
-    use bulkhead_e2e::federation::{Federation, databases};
-    use bulkhead_e2e::lab::HUB_USER_IN_MEMBERS;
-
-    let mut federation = Federation::start_with_databases("pg-swdemote", &[]).await?;
-    let ns = federation.namespace.clone();
-    let (_, credentials) = orders_streaming_west_to_east(&federation, 10).await?;
-    let [west, east] = ["west", "east"].map(|c| federation.members[c].clone());
-    let west_copies = federation.api("west", &databases());
-    let template = federation.api("hub", &databases());
-    federation.lab.cut_database_pods("west")?;
-    ask_primary_cluster(&template, "east").await?;
-    let marked = |copy: &kube::api::DynamicObject| {
-        copy.metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(bulkhead::api::ANNOTATION_SWITCHOVER_TO))
-            .is_some_and(|to| to == "east")
-    };
-    wait_for(
-        "west's copy demoted for the switchover",
-        Duration::from_secs(60),
-        || {
-            let west_copies = west_copies.clone();
-            async move {
-                match west_copies.get("orders").await {
-                    Ok(copy) if marked(&copy) => Check::Done(()),
-                    Ok(copy) => Check::Waiting(format!("{:?}", copy.metadata.annotations)),
-                    Err(e) => Check::Waiting(e.to_string()),
-                }
-            }
-        },
-    )
-    .await?;
-    federation.kill_hub();
-    let status = template.get("orders").await?.data["status"].clone();
-    assert!(
-        status["switchover"].is_null() && status["primaryTerm"].as_u64().unwrap_or(1) == 1,
-        "killed before the raise: {status}"
-    );
-    federation.lab.partition("west")?;
-    federation.start_hub()?;
-    let hub_log = || format!("hub log: {}", federation.hub_log().display());
-    // The restarted hub leads and reconciles `orders` without west's copies, then lists
-    // them once west is back, while east still cannot catch up.
-    tokio::time::sleep(Duration::from_secs(8)).await;
-    federation.lab.heal("west")?;
+/// The hub records east as the primary cluster under term 2 (one raise, no abort); east
+/// takes 10 more rows after the `rows` written through west, has every one of them, and
+/// west, following east, has them too.
+async fn east_recorded_under_term_2_with_every_write(
+    federation: &bulkhead_e2e::federation::Federation,
+    credentials: &AppCredentials,
+    rows: i32,
+) -> Result<()> {
+    let ns = federation.namespace.as_str();
+    let template = federation.api("hub", &bulkhead_e2e::federation::databases());
     let status = wait_hub_status(
         &template,
-        "the restarted hub finishes the switchover",
+        "the hub records east as the primary cluster",
         |s| s["primaryCluster"] == "east",
     )
-    .await
-    .with_context(hub_log)?;
+    .await?;
     assert_eq!(status["primaryTerm"], 2, "one raise: {status}");
-    let new_primary = wait_streaming(&east, &ns, "orders")
-        .await
-        .with_context(hub_log)?;
-    let (_, lost) = rows_and_lost(new_primary, &credentials, &(0..10).collect::<Vec<_>>()).await?;
+    assert!(status["abortedSwitchover"].is_null(), "{status}");
+    let new_primary = wait_streaming(&federation.members["east"], ns, "orders").await?;
+    write_rows(
+        &connect(new_primary, credentials).await?,
+        rows..rows + 10,
+        false,
+    )
+    .await?;
+    let all: Vec<i32> = (0..rows + 10).collect();
+    let (_, lost) = rows_and_lost(new_primary, credentials, &all).await?;
     assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
-    wait_rows_everywhere(&west, &ns, "orders-r", &credentials, 10, 1)
-        .await
-        .with_context(hub_log)?;
+    wait_rows_everywhere(
+        &federation.members["west"],
+        ns,
+        "orders-r",
+        credentials,
+        (rows + 10).into(),
+        1,
+    )
+    .await?;
+    Ok(())
+}
 
-    // West's audit log: the hub's writes of west's copy, from the first demoted one.
+/// West's API server audit log: every hub write of west's copy of `orders`, from the
+/// first that demoted it for a switchover to east, left it read-only and marked with that
+/// same start, or following east (a replica cluster of it): never writable.
+fn west_never_written_writable_since_demoted(
+    federation: &bulkhead_e2e::federation::Federation,
+    ns: &str,
+) -> Result<()> {
+    use bulkhead_e2e::chaos::audit::read_cluster;
+    use bulkhead_e2e::lab::HUB_USER_IN_MEMBERS;
+
     let (records, _) = read_cluster("west", &federation.lab.log_dir("west"))?;
     let writes: Vec<_> = records
         .iter()
@@ -1986,6 +1958,133 @@ async fn a_hub_killed_while_the_old_primary_is_demoted_never_writes_it_writable_
         "{} hub writes of west's copy since it was demoted: each read-only with the same start, or following east",
         writes.len()
     );
+    Ok(())
+}
+
+/// A hub killed while the switchover is still demoting the old primary cluster (before
+/// the term is raised), restarted at once while west is cut off from it too, so that it
+/// starts without west's copies listed: it decides nothing about west's copy (or east's)
+/// from a stage computed without them, so it never writes west's copy writable and
+/// unmarked; once west is back it resumes the same switchover (the same start, so the
+/// same deadline) and finishes it under term 2. East cannot catch up while west's
+/// database pods are cut off, which holds the switchover before the raise across the
+/// restart. Checked in west's API server audit log: every hub write of west's copy from
+/// the first that demoted it leaves it read-only and marked with the same start, or
+/// following east.
+#[tokio::test]
+async fn a_hub_killed_while_the_old_primary_is_demoted_never_writes_it_writable_again() -> Result<()>
+{
+    use bulkhead_e2e::federation::{Federation, databases};
+
+    let mut federation = Federation::start_with_databases("pg-swdemote", &[]).await?;
+    let ns = federation.namespace.clone();
+    let (_, credentials) = orders_streaming_west_to_east(&federation, 10).await?;
+    let west_copies = federation.api("west", &databases());
+    let template = federation.api("hub", &databases());
+    federation.lab.cut_database_pods("west")?;
+    ask_primary_cluster(&template, "east").await?;
+    let marked = |copy: &kube::api::DynamicObject| {
+        copy.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(bulkhead::api::ANNOTATION_SWITCHOVER_TO))
+            .is_some_and(|to| to == "east")
+    };
+    wait_for(
+        "west's copy demoted for the switchover",
+        Duration::from_secs(60),
+        || {
+            let west_copies = west_copies.clone();
+            async move {
+                match west_copies.get("orders").await {
+                    Ok(copy) if marked(&copy) => Check::Done(()),
+                    Ok(copy) => Check::Waiting(format!("{:?}", copy.metadata.annotations)),
+                    Err(e) => Check::Waiting(e.to_string()),
+                }
+            }
+        },
+    )
+    .await?;
+    federation.kill_hub();
+    let status = template.get("orders").await?.data["status"].clone();
+    assert!(
+        status["switchover"].is_null() && status["primaryTerm"].as_u64().unwrap_or(1) == 1,
+        "killed before the raise: {status}"
+    );
+    federation.lab.partition("west")?;
+    federation.start_hub()?;
+    let hub_log = || format!("hub log: {}", federation.hub_log().display());
+    // The restarted hub leads and reconciles `orders` without west's copies, then lists
+    // them once west is back, while east still cannot catch up.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    federation.lab.heal("west")?;
+    east_recorded_under_term_2_with_every_write(&federation, &credentials, 10)
+        .await
+        .with_context(hub_log)?;
+
+    west_never_written_writable_since_demoted(&federation, &ns)?;
+    Ok(())
+}
+
+/// A hub killed the moment it recorded that east is told to promote
+/// (`status.switchover.promoting`, written before it tells east), and restarted while east
+/// is cut off from it and from west for longer than the switchover deadline (the hub runs
+/// with `--switchover-deadline 15s`). The restarted hub cannot see east's copy, which may
+/// run a primary already: it never gives the switchover up (west taking writes again would
+/// be a second primary), keeps west's copy read-only and marked, and records east once it
+/// is back, nothing acknowledged lost.
+#[tokio::test]
+async fn a_hub_restarted_without_sight_of_the_cluster_told_to_promote_never_gives_the_switchover_up()
+-> Result<()> {
+    use bulkhead_e2e::federation::{Federation, databases};
+
+    let mut federation =
+        Federation::start_with_databases("pg-swtold", &["--switchover-deadline", "15s"]).await?;
+    let ns = federation.namespace.clone();
+    let (_, credentials) = orders_streaming_west_to_east(&federation, 10).await?;
+    let template = federation.api("hub", &databases());
+    ask_primary_cluster(&template, "east").await?;
+    let asked = Instant::now();
+    let recorded = loop {
+        let status = template.get("orders").await?.data["status"].clone();
+        if status["switchover"]["promoting"]
+            .as_str()
+            .is_some_and(|p| !p.is_empty())
+        {
+            break status;
+        }
+        anyhow::ensure!(
+            asked.elapsed() < Duration::from_secs(60),
+            "the hub never recorded that east is told to promote: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    federation.kill_hub();
+    federation.lab.partition("east")?;
+    eprintln!(
+        "hub killed {:?} after the ask, once it recorded east told to promote ({}); east cut off",
+        asked.elapsed(),
+        recorded["switchover"]
+    );
+    federation.start_hub()?;
+    let hub_log = || format!("hub log: {}", federation.hub_log().display());
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    let status = template.get("orders").await?.data["status"].clone();
+    assert!(
+        status["abortedSwitchover"].is_null() && status["primaryCluster"] == "west",
+        "past the deadline without sight of east: not given up, east not recorded yet: {status}; {}",
+        hub_log()
+    );
+    let west_copy = federation.api("west", &databases()).get("orders").await?;
+    assert_eq!(
+        west_copy.data["spec"]["readOnly"], true,
+        "west's copy stays read-only"
+    );
+    federation.lab.heal("east")?;
+    east_recorded_under_term_2_with_every_write(&federation, &credentials, 10)
+        .await
+        .with_context(hub_log)?;
+    west_never_written_writable_since_demoted(&federation, &ns)?;
     Ok(())
 }
 

@@ -394,6 +394,11 @@ pub struct PlannedSwitchover {
     pub time: String,
     /// The primary term raised for it.
     pub term: u64,
+    /// When the hub recorded that it tells the new primary cluster to promote (RFC 3339),
+    /// written before it does: from then on the switchover only goes forward (no deadline),
+    /// also for a hub that restarts and cannot see that cluster's copy. Empty before.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub promoting: String,
 }
 
 /// A promotion of a replica cluster while the primary cluster is lost, accepting the

@@ -208,6 +208,9 @@ impl Switchover {
             Switchover::RaisingTerm { to, term } => format!(
                 "switchover from {from} to {to}: {to} has all of {from}'s WAL; raising the primary term to {term}"
             ),
+            Switchover::RecordingTerm { to, term, lacking } if lacking.is_empty() => format!(
+                "switchover from {from} to {to}: every member holds primary term {term}; recording that {to} is told to promote before it is"
+            ),
             Switchover::RecordingTerm { to, term, lacking } => format!(
                 "switchover from {from} to {to}: {to} has all of {from}'s WAL; waiting until every member holds primary term {term} (not yet: {})",
                 lacking.join(", ")
@@ -318,7 +321,14 @@ pub fn switchover<'a>(
             None => Switchover::Demoting { to },
         };
     }
-    let stage = started_stage(template, primary, to, copy, lacking);
+    let told = in_flight(template, primary).is_some_and(|record| record.promoting);
+    let stage = started_stage(template, primary, to.clone(), copy, lacking);
+    // Recorded as told to promote (before the hub told it): the new primary cluster may
+    // run a primary already, whatever its copy as last seen (or not seen at all, by a hub
+    // that just started and cannot reach it) shows. Never given up from here.
+    if told && !matches!(stage, Switchover::Done { .. }) {
+        return Switchover::Promoting { to };
+    }
     // Given up and recorded, nothing promoted: the old primary cluster's copy is being
     // written unmarked. A copy still seen marked (the hub's view lags its own write) must
     // not carry the switchover on (a new term, a promotion) while it takes writes again.
@@ -529,6 +539,7 @@ pub fn in_flight<'a>(template: &'a Value, primary: &str) -> Option<InFlight<'a>>
     live.then(|| InFlight {
         to,
         started: record["started"].as_str().unwrap_or_default(),
+        promoting: record["promoting"].as_str().is_some_and(|p| !p.is_empty()),
     })
 }
 
@@ -538,6 +549,8 @@ pub struct InFlight<'a> {
     pub to: &'a str,
     /// When it started, as the old primary cluster's copy was marked.
     pub started: &'a str,
+    /// The hub recorded that it tells `to` to promote: the switchover only goes forward.
+    pub promoting: bool,
 }
 
 /// The primary term the template's status records (absent: 1).
@@ -1002,7 +1015,8 @@ mod tests {
             in_flight(&raised, "east"),
             Some(InFlight {
                 to: "west",
-                started: ""
+                started: "",
+                promoting: false,
             })
         );
         assert_eq!(in_flight(&raised, "west"), None, "not from west");
@@ -1088,6 +1102,55 @@ mod tests {
 
     fn now() -> jiff::Timestamp {
         "2026-12-06T12:00:00Z".parse().unwrap()
+    }
+
+    /// Whether the new primary cluster may have been told to promote is recorded on the
+    /// template before it is told (`status.switchover.promoting`): a hub that restarts
+    /// past the deadline without the new primary cluster's copy (cut off from it, not
+    /// listed) goes forward if it was recorded, and gives up only if it was not (then
+    /// nothing there was told to promote).
+    #[test]
+    fn a_recorded_promotion_goes_forward_even_with_the_target_unseen_past_the_deadline() {
+        let targets = [target("east", 1), target("west", 1)];
+        let record = |promoting: &str| {
+            json!({"spec": {"topology": {"primaryCluster": "west"}},
+                "status": {"primaryCluster": "east", "primaryTerm": 2,
+                    "switchover": {"from": "east", "to": "west", "started": "2026-12-06T11:58:00Z",
+                                   "time": "2026-12-06T11:58:30Z", "term": 2, "promoting": promoting}}})
+        };
+        let east = database_copy(
+            2,
+            &[
+                (ANNOTATION_SWITCHOVER_TO, "west"),
+                (ANNOTATION_SWITCHOVER_STARTED, "2026-12-06T11:58:00Z"),
+            ],
+            json!({"observedGeneration": 2, "primary": "orders-0",
+                   "instances": [{"name": "orders-0", "role": "Standby", "lsn": "0/5000100"}]}),
+        );
+        let only_east = |cluster: &str| (cluster == "east").then_some(&east);
+        let stage = |template: &Value| {
+            switchover(
+                template,
+                "east",
+                &targets,
+                &[],
+                &only_east,
+                &|_| None,
+                &|_| vec!["north".to_string()],
+                now(),
+                DEFAULT_SWITCHOVER_DEADLINE,
+            )
+        };
+        assert_eq!(
+            stage(&record("2026-12-06T11:58:31Z")),
+            Switchover::Promoting { to: "west".into() },
+            "told (recorded): never given up, even unseen"
+        );
+        assert!(in_flight(&record("2026-12-06T11:58:31Z"), "east").is_some_and(|r| r.promoting));
+        assert!(
+            matches!(stage(&record("")), Switchover::Aborting { .. }),
+            "never told: giving up is safe"
+        );
     }
 
     /// A switchover that has not promoted by the deadline is given up, and not tried

@@ -188,6 +188,7 @@ pub(super) async fn setup(
                     .unwrap_or_default(),
                 time: now.to_string(),
                 term: *raised,
+                promoting: String::new(),
             };
             let fields = serde_json::json!({"primaryTerm": raised, "switchover": record});
             match patch_template_status(context, key, resource, template, fields).await {
@@ -202,6 +203,26 @@ pub(super) async fn setup(
                 }
                 Err(error) => {
                     tracing::warn!(namespace = %key.namespace, name = %key.name, %error, "cannot record the switchover's primary term; tried again");
+                }
+            }
+        }
+        Switchover::Promoting { to }
+            if in_flight(&value, &primary).is_some_and(|record| !record.promoting) =>
+        {
+            // Recorded before the new primary cluster is told: from then on the switchover
+            // goes forward, even for a hub that restarts and cannot see that cluster.
+            let fields = serde_json::json!({"switchover": {"promoting": now.to_string()}});
+            match patch_template_status(context, key, resource, template, fields).await {
+                Ok(()) => {
+                    tracing::info!(namespace = %key.namespace, name = %key.name, from = %primary, %to, term, "switchover: every member holds the raised term; the new primary cluster is told to promote");
+                }
+                Err(error) => {
+                    tracing::warn!(namespace = %key.namespace, name = %key.name, %error, "cannot record that the new primary cluster is told to promote; it is not told yet");
+                    switchover = Switchover::RecordingTerm {
+                        to: to.clone(),
+                        term,
+                        lacking: vec![],
+                    };
                 }
             }
         }
