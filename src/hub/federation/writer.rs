@@ -793,11 +793,31 @@ async fn execute(
             // not caught up after a partition). An apply that would lower what the copy
             // holds now, and that the plan did not judge (and guard) as a shrink, is not
             // sent: the copy as read goes back to the planner, which judges it again.
-            let object = match live_precondition(inner, key, &api, object, guard.is_empty()).await {
-                Ok(object) => object,
-                Err(outcome) => return outcome,
-            };
-            apply(inner, writer, key, &api, &resource, &object).await
+            // A write over the copy as read fails (409) when the copy changed in between:
+            // its agent's status reports do, every second during a switchover. A write
+            // that shrinks nothing reads the copy again and is sent again at once (a
+            // shrink goes back to the planner).
+            let mut attempts = 0;
+            loop {
+                let object =
+                    match live_precondition(inner, key, &api, object, guard.is_empty()).await {
+                        Ok(object) => object,
+                        Err(outcome) => return outcome,
+                    };
+                let mut failed_as = None;
+                let outcome =
+                    apply(inner, writer, key, &api, &resource, &object, &mut failed_as).await;
+                attempts += 1;
+                let conditional = matches!(object, std::borrow::Cow::Owned(_));
+                if !(conditional
+                    && guard.is_empty()
+                    && failed_as == Some(ApiErrorKind::Conflict)
+                    && attempts < CONFLICT_ATTEMPTS)
+                {
+                    return outcome;
+                }
+                tracing::debug!(cluster, namespace = %key.namespace, name = %key.name, attempts, "the copy changed while the hub wrote it; reading it again");
+            }
         }
         CopyOp::Delete {
             uid,
@@ -1061,6 +1081,11 @@ async fn list_unmanaged(
     }
 }
 
+/// How often a write over the copy as read is tried when the copy keeps changing in
+/// between (then the next reconcile tries again).
+const CONFLICT_ATTEMPTS: u32 = 3;
+
+/// Applies `object`; `failed_as` is set to the kind of the member's answer when it failed.
 async fn apply(
     inner: &Inner,
     writer: &MemberWriter,
@@ -1068,6 +1093,7 @@ async fn apply(
     api: &Api<DynamicObject>,
     resource: &ApiResource,
     object: &Value,
+    failed_as: &mut Option<ApiErrorKind>,
 ) -> (Outcome, Option<Fresh>, bool) {
     let cluster = writer.cluster.as_str();
     let params = PatchParams::apply(FIELD_MANAGER).force();
@@ -1102,6 +1128,7 @@ async fn apply(
         }
         Err(error) => {
             let kind = classify(&error);
+            *failed_as = Some(kind);
             tracing::warn!(cluster, namespace = %key.namespace, name = %key.name, kind = %resource.kind, error = %short(&error), "cannot apply the copy");
             if kind == ApiErrorKind::NotFound {
                 // The namespace may have gone since: look again next time.
@@ -1379,6 +1406,14 @@ mod tests {
         );
     }
 
+    async fn json_body(request: http::Request<Body>) -> Value {
+        let bytes = http_body_util::BodyExt::collect(request.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
     fn not_found() -> Value {
         json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "namespaces \"shop\" not found"})
     }
@@ -1455,17 +1490,69 @@ mod tests {
         respond(reply, 200, statefulset(2, "8"));
         let (request, reply) = server.next_request().await.unwrap();
         assert_eq!(request.method(), http::Method::PATCH);
-        let body: Value = serde_json::from_slice(
-            &http_body_util::BodyExt::collect(request.into_body())
-                .await
-                .unwrap()
-                .to_bytes(),
-        )
-        .unwrap();
+        let body = json_body(request).await;
         assert_eq!(body["metadata"]["resourceVersion"], "8");
         assert_eq!(body["spec"]["replicas"], 3);
         respond(reply, 200, statefulset(3, "9"));
         assert_eq!(completed.recv().await.unwrap().outcome, Outcome::Done);
+    }
+
+    /// The copy changes between the read and the write (its agent's status report): the
+    /// write fails 409 and is sent again at once over the copy read again; a copy that
+    /// keeps changing gives up after CONFLICT_ATTEMPTS and the next reconcile tries.
+    #[tokio::test]
+    async fn a_stateful_apply_over_a_copy_that_changed_meanwhile_reads_it_again() {
+        let (writers, mut server, mut completed) = writers_of(
+            Evidence::default(),
+            ApiResource::erase::<k8s_openapi::api::apps::v1::StatefulSet>(&()),
+            "apps/v1",
+            "StatefulSet",
+        );
+        let conflict = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "reason": "Conflict", "code": 409,
+            "message": "Operation cannot be fulfilled on statefulsets.apps \"settings\": the object has been modified"});
+        let op = CopyOp::Apply {
+            object: statefulset(3, "0"),
+            check_conflict: false,
+            resolution: ConflictResolution::Abort,
+            guard: vec![],
+        };
+        assert!(writers.want("east", &key(), op, REWRITE));
+        for (version, status) in [("7", 409), ("8", 200)] {
+            let (request, reply) = server.next_request().await.unwrap();
+            assert_eq!(request.method(), http::Method::GET);
+            respond(reply, 200, statefulset(2, version));
+            let (request, reply) = server.next_request().await.unwrap();
+            assert_eq!(request.method(), http::Method::PATCH);
+            let body = json_body(request).await;
+            assert_eq!(body["metadata"]["resourceVersion"], version);
+            match status {
+                409 => respond(reply, 409, conflict.clone()),
+                _ => respond(reply, 200, statefulset(3, "9")),
+            }
+        }
+        assert_eq!(completed.recv().await.unwrap().outcome, Outcome::Done);
+
+        // Changing every time: given up after CONFLICT_ATTEMPTS writes.
+        let op = CopyOp::Apply {
+            object: statefulset(4, "0"),
+            check_conflict: false,
+            resolution: ConflictResolution::Abort,
+            guard: vec![],
+        };
+        assert!(writers.want("east", &key(), op, REWRITE));
+        for attempt in 0..CONFLICT_ATTEMPTS {
+            let (_, reply) = server.next_request().await.unwrap();
+            respond(reply, 200, statefulset(2, &format!("{}", 20 + attempt)));
+            let (_, reply) = server.next_request().await.unwrap();
+            respond(reply, 409, conflict.clone());
+        }
+        let done = completed.recv().await.unwrap();
+        assert!(
+            matches!(&done.outcome, Outcome::Failed(m) if m.contains("(409)")),
+            "{:?}",
+            done.outcome
+        );
     }
 
     #[tokio::test]
