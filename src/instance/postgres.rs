@@ -217,12 +217,26 @@ impl Server {
             .output()
             .await
             .context("running pg_rewind")?;
+        let said = String::from_utf8_lossy(&output.stderr);
         if !output.status.success() {
             bail!(
                 "pg_rewind from {}:{} failed: {}",
                 upstream.host,
                 upstream.port,
-                String::from_utf8_lossy(&output.stderr).trim()
+                said.trim()
+            );
+        }
+        if said.contains(SAME_TIMELINE) {
+            // Only a data directory that ran as a primary is rewound: on the timeline its
+            // source runs, it was promoted beside it from one timeline (a disaster
+            // promotion over a switchover's promoted target gives both the same number),
+            // or the source was not checkpointed since its promotion. Either way
+            // pg_rewind cannot compare the histories, and what this one wrote past the
+            // fork would be streamed over: it is copied instead.
+            bail!(
+                "pg_rewind from {}:{} found this data on the source's timeline ({SAME_TIMELINE}) after it ran as a primary: the histories may have diverged on one timeline number",
+                upstream.host,
+                upstream.port
             );
         }
         // It copied the source's configuration files: Bulkhead's are written again.
@@ -698,6 +712,10 @@ fn sql_literal(value: &str) -> String {
 fn sql_identifier(value: &str) -> String {
     format!("\"{}\"", value.replace('"', "\"\""))
 }
+
+/// What `pg_rewind` says when the target's timeline is the source's (then it rewinds
+/// nothing, whatever each wrote on that timeline).
+const SAME_TIMELINE: &str = "source and target cluster are on the same timeline";
 
 /// The newest PostgreSQL's programs on a Debian machine (`/usr/lib/postgresql/<n>/bin`).
 pub fn find_bin_dir() -> Option<PathBuf> {
