@@ -406,7 +406,8 @@ pub struct PlannedSwitchover {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct DisasterPromotion {
-    /// The primary cluster that was lost.
+    /// The cluster that was lost: the primary cluster, or the target of a switchover
+    /// that had told it to promote.
     pub from: String,
     /// The cluster asked to hold the primary.
     pub to: String,

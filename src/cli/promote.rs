@@ -3,7 +3,9 @@
 //! "Disaster promotion"). The hub records the new primary cluster under a raised primary
 //! term, and the old primary cluster, when it comes back, never takes a write again: its
 //! agent finds the term in the hub's Lease before it unfences, and it rejoins as a replica
-//! cluster of the new one.
+//! cluster of the new one. While a switchover that told its target to promote cannot
+//! finish because that target is lost, the same command takes the primary back to the
+//! old primary cluster (or another replica cluster): the target is then the lost one.
 
 use std::time::{Duration, Instant};
 
@@ -13,6 +15,7 @@ use kube::api::{Patch, PatchParams};
 
 use crate::api::{ANNOTATION_PROMOTE, MemberCluster};
 use crate::cli::switchover::{hub_database, member_not_ready};
+use crate::hub::federation::replica_clusters::lost_cluster;
 use crate::process::ClientOptions;
 
 /// `bulkhead promote` options.
@@ -48,11 +51,25 @@ pub async fn run(options: &PromoteOptions) -> Result<()> {
             "{namespace}/{name} has no primary cluster: its copies are independent databases (a promotion is for replica clusters, spec.topology.acrossClusters: ReplicaClusters)"
         );
     };
-    if primary == to {
+    // A switchover that told its target to promote: that target may run the primary.
+    let template = serde_json::to_value(&database).context("reading the MyDatabase")?;
+    let lost = lost_cluster(&template, &primary).to_string();
+    let switching = lost != primary;
+    if lost == to {
+        if switching {
+            bail!(
+                "the switchover from {primary} told {to} to promote: it holds the primary of {namespace}/{name} once it answers; to give the switchover up while {to} is lost, promote {primary} (or another replica cluster) with --accept-data-loss"
+            );
+        }
         println!("{namespace}/{name}: {to} already holds the primary");
         return Ok(());
     }
     if !options.accept_data_loss {
+        if switching {
+            bail!(
+                "the switchover from {primary} told {lost} to promote, so {lost} may have taken writes: promoting {to} loses every write {lost} acknowledged but had not sent to {to}: add --accept-data-loss to go on. While {lost} answers the switchover finishes by itself",
+            );
+        }
         bail!(
             "promoting {to} while {primary} holds the primary of {namespace}/{name} loses every write {primary} acknowledged but had not sent to {to}: add --accept-data-loss to go on. While {primary} answers, `bulkhead switchover {} --to {to}` moves the primary and loses nothing",
             options.database
@@ -62,7 +79,12 @@ pub async fn run(options: &PromoteOptions) -> Result<()> {
         .list(&Default::default())
         .await
         .context("listing MemberClusters")?;
-    if member_not_ready(&members.items, &primary).is_none() {
+    if member_not_ready(&members.items, &lost).is_none() {
+        if switching {
+            bail!(
+                "{lost} is Ready and told to promote by the switchover from {primary}: the switchover finishes by itself (a promotion is for a cluster lost for good)"
+            );
+        }
         bail!(
             "{primary} is Ready and holds the primary of {namespace}/{name}: move it with `bulkhead switchover {} --to {to}`, which loses nothing (a promotion is for a primary cluster lost for good)",
             options.database
@@ -88,7 +110,7 @@ pub async fn run(options: &PromoteOptions) -> Result<()> {
         .await
         .context("asking the hub for the promotion")?;
     println!(
-        "{namespace}/{name}: promoting {to} while {primary} is lost (what {primary} had not sent is lost)"
+        "{namespace}/{name}: promoting {to} while {lost} is lost (what {lost} had not sent is lost)"
     );
     if options.timeout_seconds == 0 {
         return Ok(());
@@ -118,7 +140,7 @@ pub async fn run(options: &PromoteOptions) -> Result<()> {
             }
             Some(promotion) if status.primary_cluster.as_deref() == Some(to) => {
                 println!(
-                    "{namespace}/{name}: {to} holds the primary under primary term {} ({:.1} s); {primary} rejoins as a replica cluster when it returns and never takes a write",
+                    "{namespace}/{name}: {to} holds the primary under primary term {} ({:.1} s); {lost} rejoins as a replica cluster when it returns and never takes a write",
                     promotion.term,
                     started.elapsed().as_secs_f64()
                 );

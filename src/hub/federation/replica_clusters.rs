@@ -307,7 +307,9 @@ pub fn switchover<'a>(
     // Or the term the hub raised for it, which outlives a hub that did not see the mark
     // yet (one that just started, its copies not listed): the old primary cluster's copy
     // is never written without its mark once the new primary cluster may be promoted.
+    // A mark a disaster promotion ended (see [`promoted_over`]) starts nothing.
     let started = copy(primary)
+        .filter(|c| !promoted_over(template, primary, c))
         .and_then(|c| annotation(c, ANNOTATION_SWITCHOVER_TO))
         .filter(|to| *to != primary)
         .or_else(|| in_flight(template, primary).map(|record| record.to));
@@ -483,19 +485,49 @@ fn streams_as_replica_cluster(copy: &DynamicObject) -> bool {
     runs_as_replica_cluster(&copy.data["status"]) && last_position(copy).is_some()
 }
 
-/// Why a disaster promotion of `to` while `primary` holds the primary may not be recorded;
-/// None: it may. Only for a primary cluster that does not answer (one that does moves
-/// its primary with a switchover, which loses nothing), to a placed, Ready cluster whose
-/// copy runs as a replica cluster with a reported position.
+/// The cluster a disaster promotion takes the primary from, the one that may run it: the
+/// recorded primary cluster, or, once a switchover from it recorded that its target is
+/// told to promote, that target (it may run a primary already; the old primary cluster
+/// is demoted and holds every write it took).
+pub fn lost_cluster<'a>(template: &'a Value, primary: &'a str) -> &'a str {
+    in_flight(template, primary)
+        .filter(|record| record.promoting)
+        .map_or(primary, |record| record.to)
+}
+
+/// A disaster promotion recorded under the current term made `primary` the primary
+/// cluster after `copy`, its copy, was last written: a switchover mark on it belongs to
+/// the switchover that promotion ended.
+fn promoted_over(template: &Value, primary: &str, copy: &DynamicObject) -> bool {
+    let promotion = &template["status"]["promotion"];
+    let term = recorded_term(template);
+    promotion["to"] == primary && promotion["term"].as_u64() == Some(term) && copy_term(copy) < term
+}
+
+/// Why a disaster promotion of `to` may not be recorded for a database whose recorded
+/// primary cluster is `primary`; None: it may. Only while the cluster that may run the
+/// primary ([`lost_cluster`]) does not answer (one that does moves its primary with a
+/// switchover, which loses nothing), to a placed, Ready cluster that holds the data: a
+/// replica cluster with a reported position, or the old primary cluster of a switchover
+/// whose target was told to promote and is lost.
 pub fn promotion_refused<'a>(
+    template: &Value,
     primary: &str,
     to: &str,
     targets: &[TargetCluster],
     copy: &dyn Fn(&str) -> Option<&'a DynamicObject>,
     not_ready: &dyn Fn(&str) -> Option<String>,
 ) -> Option<String> {
-    if to == primary {
-        return Some(format!("{to} already holds the primary"));
+    let lost = lost_cluster(template, primary);
+    let switching = lost != primary;
+    if to == lost {
+        return Some(if switching {
+            format!(
+                "the switchover from {primary} told {to} to promote: it holds the primary once it answers"
+            )
+        } else {
+            format!("{to} already holds the primary")
+        });
     }
     let placed = placed(targets);
     if !placed.contains(&to) {
@@ -507,12 +539,19 @@ pub fn promotion_refused<'a>(
     if let Some(why) = not_ready(to) {
         return Some(format!("{to} is not Ready ({why})"));
     }
-    if not_ready(primary).is_none() {
-        return Some(format!(
-            "{primary} is Ready and holds the primary: move it with `bulkhead switchover`, which loses nothing (a promotion is for a primary cluster lost for good)"
-        ));
+    if not_ready(lost).is_none() {
+        return Some(if switching {
+            format!(
+                "{lost} is Ready and told to promote by the switchover from {primary}: the switchover finishes by itself (a promotion is for a cluster lost for good)"
+            )
+        } else {
+            format!(
+                "{primary} is Ready and holds the primary: move it with `bulkhead switchover`, which loses nothing (a promotion is for a primary cluster lost for good)"
+            )
+        });
     }
-    if !copy(to).is_some_and(streams_as_replica_cluster) {
+    let demoted_old_primary = switching && to == primary;
+    if !demoted_old_primary && !copy(to).is_some_and(streams_as_replica_cluster) {
         return Some(format!(
             "{to}'s copy does not run as a replica cluster with a reported WAL position: it holds no data to promote"
         ));
@@ -855,7 +894,7 @@ mod tests {
                     "east" => Some(east),
                     _ => None,
                 };
-                promotion_refused("west", to, &targets, &copy, not_ready)
+                promotion_refused(&json!({}), "west", to, &targets, &copy, not_ready)
             };
         assert_eq!(refused("east", &east, &west_lost), None);
         let why = refused("east", &east, &|_| None).unwrap();
@@ -1151,6 +1190,112 @@ mod tests {
             matches!(stage(&record("")), Switchover::Aborting { .. }),
             "never told: giving up is safe"
         );
+    }
+
+    /// A switchover from west recorded east as told to promote, and east is lost: east
+    /// may run a primary, so a disaster promotion takes the primary from east, back to
+    /// west (demoted, with every write it took) or to a replica cluster that streams;
+    /// never while east answers, never to east itself. Once recorded, the switchover's
+    /// marks on the copies (west's written under the term before the raise) start
+    /// nothing: west holds the primary, no stage names east.
+    #[test]
+    fn a_promotion_takes_the_primary_back_from_a_lost_switchover_target() {
+        let targets = [target("west", 1), target("east", 1), target("north", 1)];
+        let told = json!({"spec": {"topology": {"primaryCluster": "east"}},
+            "status": {"primaryCluster": "west", "primaryTerm": 2,
+                "switchover": {"from": "west", "to": "east", "started": "2026-12-06T11:58:00Z",
+                               "time": "2026-12-06T11:58:30Z", "term": 2,
+                               "promoting": "2026-12-06T11:58:31Z"}}});
+        let marks = [
+            (ANNOTATION_SWITCHOVER_TO, "east"),
+            (ANNOTATION_SWITCHOVER_STARTED, "2026-12-06T11:58:00Z"),
+        ];
+        let west = database_copy(
+            2,
+            &marks,
+            json!({"observedGeneration": 2, "primary": "orders-0",
+                   "instances": [{"name": "orders-0", "role": "Standby", "lsn": "0/5000100"}]}),
+        );
+        let east = database_copy(
+            3,
+            &[
+                (ANNOTATION_SWITCHOVER_TO, "east"),
+                (ANNOTATION_SWITCHOVER_PROMOTED, "west"),
+                (crate::api::ANNOTATION_PRIMARY_TERM, "2"),
+            ],
+            json!({"observedGeneration": 3, "primary": "orders-0",
+                   "instances": [{"name": "orders-0", "role": "Primary", "lsn": "0/5000200"}]}),
+        );
+        let north = database_copy(1, &[], replica_status("0/5000000"));
+        let copy = |cluster: &str| match cluster {
+            "west" => Some(&west),
+            "east" => Some(&east),
+            "north" => Some(&north),
+            _ => None,
+        };
+        let east_lost = |c: &str| (c == "east").then(|| "unreachable".to_string());
+        assert_eq!(lost_cluster(&told, "west"), "east");
+        let refused = |to: &str, not_ready: &dyn Fn(&str) -> Option<String>| {
+            promotion_refused(&told, "west", to, &targets, &copy, not_ready)
+        };
+        assert_eq!(refused("west", &east_lost), None, "back to the old primary");
+        assert_eq!(
+            refused("north", &east_lost),
+            None,
+            "or to a replica cluster"
+        );
+        let why = refused("east", &east_lost).unwrap();
+        assert!(why.contains("told east to promote"), "{why}");
+        let why = refused("west", &|_| None).unwrap();
+        assert!(
+            why.contains("east is Ready") && why.contains("finishes by itself"),
+            "{why}"
+        );
+        // Not told yet: west holds the primary and answers; the switchover gives up by
+        // itself past its deadline.
+        let mut asked = told.clone();
+        asked["status"]["switchover"]["promoting"] = json!("");
+        assert_eq!(lost_cluster(&asked, "west"), "west");
+        let why = promotion_refused(&asked, "west", "west", &targets, &copy, &east_lost).unwrap();
+        assert!(why.contains("already holds the primary"), "{why}");
+
+        // Recorded as the hub writes it: term 3, no switchover under way.
+        let mut promoted = told.clone();
+        promoted["spec"]["topology"]["primaryCluster"] = json!("west");
+        promoted["status"]["primaryTerm"] = json!(3);
+        promoted["status"]["switchover"] = Value::Null;
+        promoted["status"]["promotion"] =
+            json!({"from": "east", "to": "west", "time": "2026-12-06T12:00:00Z", "term": 3});
+        let stage = |template: &Value| {
+            switchover(
+                template,
+                "west",
+                &targets,
+                &[],
+                &copy,
+                &east_lost,
+                &|_| vec![],
+                now(),
+                DEFAULT_SWITCHOVER_DEADLINE,
+            )
+        };
+        assert_eq!(
+            stage(&promoted),
+            Switchover::None,
+            "the old marks start nothing"
+        );
+        assert_eq!(lost_cluster(&promoted, "west"), "west");
+        // Without the promotion's record the same marks are a switchover to east.
+        let mut unrecorded = promoted.clone();
+        unrecorded["status"]["promotion"] = Value::Null;
+        assert_eq!(stage(&unrecorded), Switchover::Done { to: "east".into() });
+        // A switchover asked later from west (its copy written under term 3) is one.
+        let mut later = west.clone();
+        later
+            .annotations_mut()
+            .insert(crate::api::ANNOTATION_PRIMARY_TERM.into(), "3".into());
+        assert!(!promoted_over(&promoted, "west", &later));
+        assert!(promoted_over(&promoted, "west", &west));
     }
 
     /// A switchover that has not promoted by the deadline is given up, and not tried

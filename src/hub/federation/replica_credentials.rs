@@ -22,7 +22,7 @@ use crate::hub::federation::context::{Context, full_template};
 use crate::hub::federation::placement::ClusterView;
 use crate::hub::federation::propagation::ReplicaClusters;
 use crate::hub::federation::replica_clusters::{
-    Switchover, aborted_recorded, copy_term, enabled, in_flight, primary_cluster,
+    Switchover, aborted_recorded, copy_term, enabled, in_flight, lost_cluster, primary_cluster,
     promotion_refused, switchover,
 };
 use crate::hub::federation::scheduler::DesiredBinding;
@@ -41,7 +41,7 @@ pub(super) async fn setup(
     desired: &DesiredBinding,
     views: &[ClusterView],
 ) -> Option<ReplicaClusters> {
-    let value = full_template(template, context.bodies.get(key).as_deref());
+    let mut value = full_template(template, context.bodies.get(key).as_deref());
     if !enabled(&value) {
         return None;
     }
@@ -96,27 +96,33 @@ pub(super) async fn setup(
     // with the raised term before any copy is written under it, then the ask is removed.
     let promote = value["metadata"]["annotations"][ANNOTATION_PROMOTE]
         .as_str()
-        .filter(|to| !to.is_empty());
-    if promote == Some(primary.as_str()) {
+        .filter(|to| !to.is_empty())
+        .map(str::to_string);
+    let promote = promote.as_deref();
+    if promote == Some(primary.as_str()) && lost_cluster(&value, &primary) == primary {
         // Recorded already (the ask outlived its record): only the ask goes.
         if let Err(error) = remove_promote_ask(context, key, resource, template).await {
             tracing::warn!(namespace = %key.namespace, name = %key.name, %error, "cannot remove the promotion ask; tried again");
         }
     } else if let Some(to) = promote {
-        let refused = promotion_refused(&primary, to, targets, &copy, &not_ready);
+        let refused = promotion_refused(&value, &primary, to, targets, &copy, &not_ready);
+        let lost = lost_cluster(&value, &primary).to_string();
         let mut record = DisasterPromotion {
-            from: primary.clone(),
+            from: lost.clone(),
             to: to.to_string(),
             time: now.to_string(),
             term: term + 1,
             refused: String::new(),
         };
         let fields = match &refused {
+            // A switchover whose target was told to promote ends here: the target, lost,
+            // rejoins under the raised term like a lost primary cluster.
             None => serde_json::json!({
                 "primaryCluster": to,
                 "primaryTerm": term + 1,
                 "promotion": record,
                 "abortedSwitchover": null,
+                "switchover": null,
             }),
             Some(why) => {
                 record.term = 0;
@@ -124,13 +130,19 @@ pub(super) async fn setup(
                 serde_json::json!({"promotion": record})
             }
         };
-        match patch_template_status(context, key, resource, template, fields).await {
+        match patch_template_status(context, key, resource, template, fields.clone()).await {
             Ok(()) => {
                 match &refused {
                     None => {
-                        tracing::warn!(namespace = %key.namespace, name = %key.name, from = %primary, %to, term = term + 1, "disaster promotion recorded: what the old primary cluster had not sent is lost");
+                        tracing::warn!(namespace = %key.namespace, name = %key.name, from = %lost, %to, term = term + 1, "disaster promotion recorded: what the lost cluster had not sent is lost");
                         primary = to.to_string();
                         term += 1;
+                        // The rest of this reconcile decides from what is recorded now.
+                        if let Some(fields) = fields.as_object() {
+                            for (field, recorded) in fields {
+                                value["status"][field] = recorded.clone();
+                            }
+                        }
                     }
                     Some(why) => {
                         tracing::warn!(namespace = %key.namespace, name = %key.name, %to, %why, "disaster promotion refused");
