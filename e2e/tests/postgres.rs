@@ -1294,6 +1294,37 @@ fn switchover_cli(
     ])
 }
 
+/// `bulkhead promote db/orders --cluster <to>` on the federation's hub, with
+/// `--accept-data-loss` when `accept` (then it must succeed).
+fn promote_cli(
+    federation: &bulkhead_e2e::federation::Federation,
+    to: &str,
+    accept: bool,
+) -> Result<std::process::Output> {
+    let kubeconfig = bulkhead_e2e::hub_support::path(&federation.lab.kubeconfig("hub"));
+    let mut args = vec![
+        "promote",
+        "db/orders",
+        "--cluster",
+        to,
+        "-n",
+        &federation.namespace,
+        "--kubeconfig",
+        &kubeconfig,
+    ];
+    if accept {
+        args.push("--accept-data-loss");
+    }
+    let output = bulkhead_e2e::hub_support::bulkhead(&args)?;
+    anyhow::ensure!(
+        !accept || output.status.success(),
+        "promoting {to} failed: {}; hub log: {}",
+        String::from_utf8_lossy(&output.stderr),
+        federation.hub_log().display()
+    );
+    Ok(output)
+}
+
 /// The hub makes replica clusters: a template with `acrossClusters: ReplicaClusters`,
 /// placed 1 + 1 by a policy that lists west before east. West holds the primary (the
 /// policy's order, not the names'); the hub copies west's Secrets to east and applies
@@ -2088,6 +2119,163 @@ async fn a_hub_restarted_without_sight_of_the_cluster_told_to_promote_never_give
     Ok(())
 }
 
+/// A switchover whose target is lost after it was told to promote, taken back by a
+/// disaster promotion. `orders` runs west (primary) + east (replica cluster); the
+/// switchover to east is asked and, the moment the hub has written east's copy told to
+/// promote, the hub is killed and east cut off (from the hub and the other clusters).
+/// East promotes there (a new timeline after west's) and fences once the hub's lease
+/// is stale; the restarted hub keeps west read-only, since east may run a primary.
+/// `bulkhead promote --cluster west` refuses without `--accept-data-loss`; with it the hub
+/// records west as the primary cluster again under primary term 3 and west, which has
+/// every write it acknowledged, takes writes. After the heal a probe writes to every east
+/// instance all along: east never accepts one, rejoins as a replica cluster of west (its
+/// data, on a timeline of the same number as west's new one, copied anew: pg_rewind
+/// cannot compare the two) and has every row west took.
+#[tokio::test]
+async fn a_switchover_whose_promoted_target_is_lost_is_taken_back_by_a_promotion() -> Result<()> {
+    use bulkhead_e2e::federation::{Federation, databases};
+
+    let mut federation =
+        Federation::start_with_databases("pg-swlost", &["--switchover-deadline", "15s"]).await?;
+    let ns = federation.namespace.clone();
+    let (_, credentials) = orders_streaming_west_to_east(&federation, 10).await?;
+    let [west, east] = ["west", "east"].map(|c| federation.members[c].clone());
+    let east_instances = endpoints(&east, &ns, "orders-r").await?;
+    let east_pod = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(east.clone(), &ns)
+        .get("orders-0")
+        .await?;
+    let template = federation.api("hub", &databases());
+    let east_copies = federation.api("east", &databases());
+    ask_primary_cluster(&template, "east").await?;
+    let asked = Instant::now();
+    loop {
+        let copy = east_copies.get("orders").await?;
+        let told = copy
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(bulkhead::api::ANNOTATION_SWITCHOVER_PROMOTED))
+            .is_some_and(|from| from == "west");
+        if told {
+            break;
+        }
+        anyhow::ensure!(
+            asked.elapsed() < Duration::from_secs(60),
+            "the hub never told east to promote: {:?}",
+            copy.metadata.annotations
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    federation.kill_hub();
+    federation.lab.partition("east")?;
+    let status = template.get("orders").await?.data["status"].clone();
+    assert_eq!(
+        status["primaryCluster"], "west",
+        "killed before the switchover was recorded done: {status}"
+    );
+    eprintln!(
+        "hub killed {:?} after the ask, once east's copy was told to promote; east cut off",
+        asked.elapsed()
+    );
+    // East's own API server (from inside its zone) shows its agent promote it.
+    let inside = Api::<kube::api::DynamicObject>::namespaced_with(
+        federation.lab.inside_client("east").await?,
+        &ns,
+        &databases(),
+    );
+    wait_for(
+        "east promotes its designated primary, cut off",
+        Duration::from_secs(30),
+        || {
+            let inside = inside.clone();
+            async move {
+                match inside.get("orders").await {
+                    Ok(copy)
+                        if copy.data["status"]["instances"]
+                            .as_array()
+                            .is_some_and(|i| i.iter().any(|i| i["role"] == "Primary")) =>
+                    {
+                        Check::Done(())
+                    }
+                    Ok(copy) => Check::Waiting(copy.data["status"]["instances"].to_string()),
+                    Err(e) => Check::Waiting(e.to_string()),
+                }
+            }
+        },
+    )
+    .await?;
+
+    federation.start_hub()?;
+    let hub_log = || format!("hub log: {}", federation.hub_log().display());
+    federation
+        .wait_member_ready("east", false, Duration::from_secs(60))
+        .await
+        .with_context(hub_log)?;
+    let promote = |accept: bool| promote_cli(&federation, "west", accept);
+    let refused = promote(false)?;
+    let said = String::from_utf8_lossy(&refused.stderr).to_string();
+    assert!(
+        !refused.status.success()
+            && said.contains("told east to promote")
+            && said.contains("--accept-data-loss"),
+        "refused without the flag, saying why: {said}"
+    );
+    let west_copy = federation.api("west", &databases()).get("orders").await?;
+    assert_eq!(
+        west_copy.data["spec"]["readOnly"], true,
+        "west stays read-only while east may run a primary"
+    );
+    let promoted_at = Instant::now();
+    promote(true)?;
+    let status = template.get("orders").await?.data["status"].clone();
+    assert_eq!(status["primaryCluster"], "west", "{status}");
+    assert_eq!(status["primaryTerm"], 3, "{status}");
+    assert_eq!(status["promotion"]["from"], "east", "{status}");
+    assert!(status["switchover"].is_null(), "{status}");
+    let primary = wait_streaming(&west, &ns, "orders")
+        .await
+        .with_context(hub_log)?;
+    write_rows(&connect(primary, &credentials).await?, 10..20, false).await?;
+    eprintln!(
+        "west takes writes again {:?} after the promotion was asked",
+        promoted_at.elapsed()
+    );
+
+    let probe = WriteProbe::start(&east, &ns, &credentials, east_instances);
+    federation.lab.heal("east")?;
+    let healed = Instant::now();
+    rejoined_as_a_replica_cluster_taking_no_write(
+        &federation,
+        "east",
+        &credentials,
+        20,
+        probe,
+        healed,
+    )
+    .await?;
+    // Its data was copied, not rewound: the instance's log says why.
+    let uid = east_pod.metadata.uid.clone().unwrap_or_default();
+    let pod_dir = federation
+        .lab
+        .root
+        .join("east")
+        .join("pods")
+        .join(&uid[..8.min(uid.len())]);
+    let mut logs = String::new();
+    for entry in std::fs::read_dir(&pod_dir).with_context(|| pod_dir.display().to_string())? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "log") {
+            logs.push_str(&std::fs::read_to_string(&path).unwrap_or_default());
+        }
+    }
+    assert!(
+        logs.contains("the histories may have diverged on one timeline number"),
+        "east's instance found its timeline west's and copied west's data (logs in {})",
+        pod_dir.display()
+    );
+    Ok(())
+}
+
 /// A switchover whose target cannot receive the old primary's WAL is aborted with nothing
 /// promoted. West holds the primary of replica clusters west + east; west's database pods
 /// are cut off from the other clusters (its API server still reachable: the hub sees both
@@ -2256,94 +2444,38 @@ async fn a_placement_that_drops_the_primary_cluster_switches_over_before_removin
     Ok(())
 }
 
-/// A disaster promotion: `orders` runs west (primary) + east (replica cluster); west is
-/// cut off (from the hub and the other clusters) and its agent fences it. `bulkhead
-/// promote` refuses without `--accept-data-loss`; with it the hub records east as the
-/// primary cluster under primary term 2 and east takes writes. After the heal a probe
-/// writes to every west instance all along: west never accepts one (its agent finds the
-/// raised term in the hub's Lease before it unfences), rejoins as a replica cluster of
-/// east (rewound past what it had not sent) and converges to east's rows.
-#[tokio::test]
-async fn a_promotion_that_accepts_data_loss_never_lets_the_old_primary_cluster_write_again()
--> Result<()> {
-    use bulkhead_e2e::federation::{Federation, databases};
+/// Writes to the servers at `addresses` and at those `member`'s `orders-r` lists, round
+/// after round until stopped (a new session each, `default_transaction_read_only = off`,
+/// ids from 300000): a cluster that must not take a write is probed through its heal.
+struct WriteProbe {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<(usize, Vec<(Ipv4Addr, i32)>)>,
+}
 
-    let federation = Federation::start_with_databases("pg-promote", &[]).await?;
-    let ns = federation.namespace.as_str();
-    let (old_primary, credentials) = orders_streaming_west_to_east(&federation, 10).await?;
-    let [west, east] = ["west", "east"].map(|c| federation.members[c].clone());
-    let hub_log = || format!("hub log: {}", federation.hub_log().display());
-    let template = federation.api("hub", &databases());
-    let west_instances = endpoints(&west, ns, "orders-r").await?;
-
-    let partition = Partition::start(&federation.lab, "west")?;
-    let (_, accepted) = write_until_refused(old_primary, &credentials, "west").await?;
-    federation
-        .wait_member_ready("west", false, Duration::from_secs(60))
-        .await?;
-    let promote = |accept: bool| {
-        let kubeconfig = bulkhead_e2e::hub_support::path(&federation.lab.kubeconfig("hub"));
-        let mut args = vec![
-            "promote",
-            "db/orders",
-            "--cluster",
-            "east",
-            "-n",
-            ns,
-            "--kubeconfig",
-        ];
-        args.push(&kubeconfig);
-        if accept {
-            args.push("--accept-data-loss");
-        }
-        bulkhead_e2e::hub_support::bulkhead(&args)
-    };
-    let refused = promote(false)?;
-    assert!(
-        !refused.status.success()
-            && String::from_utf8_lossy(&refused.stderr).contains("--accept-data-loss"),
-        "refused without the flag, saying which: {}",
-        String::from_utf8_lossy(&refused.stderr)
-    );
-    let asked = Instant::now();
-    let promoted = promote(true)?;
-    assert!(
-        promoted.status.success(),
-        "promoted: {}; {}",
-        String::from_utf8_lossy(&promoted.stderr),
-        hub_log()
-    );
-    let new_primary = wait_streaming(&east, ns, "orders")
-        .await
-        .with_context(hub_log)?;
-    write_rows(&connect(new_primary, &credentials).await?, 100..110, false).await?;
-    eprintln!(
-        "east promoted with --accept-data-loss: takes writes {:?} after the ask ({accepted} writes west accepted after the cut, before it fenced, may be lost)",
-        asked.elapsed()
-    );
-    let status = template.get("orders").await?.data["status"].clone();
-    assert_eq!(status["primaryCluster"], "east", "{status}");
-    assert_eq!(status["primaryTerm"], 2, "{status}");
-    assert_eq!(status["promotion"]["from"], "west", "{status}");
-
-    // The heal: a probe writes to west's instances (as they were, and as west's -r lists
-    // them) from before the heal until west has converged.
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let probe = {
-        let (stop, credentials, west, ns) = (
+impl WriteProbe {
+    fn start(
+        member: &Client,
+        ns: &str,
+        credentials: &AppCredentials,
+        addresses: Vec<Ipv4Addr>,
+    ) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (stopped, credentials, member, ns) = (
             stop.clone(),
             credentials.clone(),
-            west.clone(),
+            member.clone(),
             ns.to_string(),
         );
-        let mut addresses = west_instances.clone();
-        addresses.push(old_primary);
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let (mut tried, mut accepted) = (0, vec![]);
             let mut id = 300_000;
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            while !stopped.load(std::sync::atomic::Ordering::SeqCst) {
                 let mut now = addresses.clone();
-                now.extend(endpoints(&west, &ns, "orders-r").await.unwrap_or_default());
+                now.extend(
+                    endpoints(&member, &ns, "orders-r")
+                        .await
+                        .unwrap_or_default(),
+                );
                 now.sort();
                 now.dedup();
                 for address in now {
@@ -2371,34 +2503,121 @@ async fn a_promotion_that_accepts_data_loss_never_lets_the_old_primary_cluster_w
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             (tried, accepted)
-        })
-    };
-    partition.heal()?;
-    let healed = Instant::now();
-    let rows = count(&connect(new_primary, &credentials).await?).await?;
+        });
+        WriteProbe { stop, task }
+    }
+
+    /// Stops it: how many writes it tried, and those accepted.
+    async fn stop(self) -> Result<(usize, Vec<(Ipv4Addr, i32)>)> {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        Ok(self.task.await?)
+    }
+}
+
+/// After the heal of `cluster`, the old primary of a disaster promotion: the hub's status
+/// shows it a replica cluster, it has `rows` rows, `probe` (writing to it from before the
+/// heal) had none of its writes accepted, and its `-rw` has no endpoints.
+async fn rejoined_as_a_replica_cluster_taking_no_write(
+    federation: &bulkhead_e2e::federation::Federation,
+    cluster: &str,
+    credentials: &AppCredentials,
+    rows: i64,
+    probe: WriteProbe,
+    healed: Instant,
+) -> Result<()> {
+    let ns = federation.namespace.as_str();
+    let member = &federation.members[cluster];
+    let hub_log = || format!("hub log: {}", federation.hub_log().display());
     wait_hub_status(
-        &template,
-        "the hub's status shows west as a replica cluster",
-        |s| row(s, "west")["role"] == "Replica",
+        &federation.api("hub", &bulkhead_e2e::federation::databases()),
+        &format!("the hub's status shows {cluster} as a replica cluster"),
+        |s| row(s, cluster)["role"] == "Replica",
     )
     .await
     .with_context(hub_log)?;
-    wait_rows_everywhere(&west, ns, "orders-r", &credentials, rows, 1)
+    wait_rows_everywhere(member, ns, "orders-r", credentials, rows, 1)
         .await
         .with_context(hub_log)?;
     eprintln!(
-        "west rejoined as a replica cluster of east with all {rows} rows {:?} after the heal",
+        "{cluster} rejoined as a replica cluster with all {rows} rows {:?} after the heal",
         healed.elapsed()
     );
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    let (tried, accepted) = probe.await?;
+    let (tried, accepted) = probe.stop().await?;
     assert!(
         accepted.is_empty(),
-        "west accepted writes after the promotion: {accepted:?}"
+        "{cluster} accepted writes after the promotion: {accepted:?}"
     );
-    assert!(tried > 0, "the probe reached west's instances");
-    eprintln!("west refused all {tried} probe writes from the heal on");
-    assert!(endpoints(&west, ns, "orders-rw").await?.is_empty());
+    assert!(tried > 0, "the probe reached {cluster}'s instances");
+    eprintln!("{cluster} refused all {tried} probe writes from the heal on");
+    assert!(endpoints(member, ns, "orders-rw").await?.is_empty());
+    Ok(())
+}
+
+/// A disaster promotion: `orders` runs west (primary) + east (replica cluster); west is
+/// cut off (from the hub and the other clusters) and its agent fences it. `bulkhead
+/// promote` refuses without `--accept-data-loss`; with it the hub records east as the
+/// primary cluster under primary term 2 and east takes writes. After the heal a probe
+/// writes to every west instance all along: west never accepts one (its agent finds the
+/// raised term in the hub's Lease before it unfences), rejoins as a replica cluster of
+/// east (rewound past what it had not sent) and converges to east's rows.
+#[tokio::test]
+async fn a_promotion_that_accepts_data_loss_never_lets_the_old_primary_cluster_write_again()
+-> Result<()> {
+    use bulkhead_e2e::federation::{Federation, databases};
+
+    let federation = Federation::start_with_databases("pg-promote", &[]).await?;
+    let ns = federation.namespace.as_str();
+    let (old_primary, credentials) = orders_streaming_west_to_east(&federation, 10).await?;
+    let [west, east] = ["west", "east"].map(|c| federation.members[c].clone());
+    let hub_log = || format!("hub log: {}", federation.hub_log().display());
+    let template = federation.api("hub", &databases());
+    let west_instances = endpoints(&west, ns, "orders-r").await?;
+
+    let partition = Partition::start(&federation.lab, "west")?;
+    let (_, accepted) = write_until_refused(old_primary, &credentials, "west").await?;
+    federation
+        .wait_member_ready("west", false, Duration::from_secs(60))
+        .await?;
+    let promote = |accept: bool| promote_cli(&federation, "east", accept);
+    let refused = promote(false)?;
+    assert!(
+        !refused.status.success()
+            && String::from_utf8_lossy(&refused.stderr).contains("--accept-data-loss"),
+        "refused without the flag, saying which: {}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let asked = Instant::now();
+    promote(true)?;
+    let new_primary = wait_streaming(&east, ns, "orders")
+        .await
+        .with_context(hub_log)?;
+    write_rows(&connect(new_primary, &credentials).await?, 100..110, false).await?;
+    eprintln!(
+        "east promoted with --accept-data-loss: takes writes {:?} after the ask ({accepted} writes west accepted after the cut, before it fenced, may be lost)",
+        asked.elapsed()
+    );
+    let status = template.get("orders").await?.data["status"].clone();
+    assert_eq!(status["primaryCluster"], "east", "{status}");
+    assert_eq!(status["primaryTerm"], 2, "{status}");
+    assert_eq!(status["promotion"]["from"], "west", "{status}");
+
+    // The heal: a probe writes to west's instances (as they were, and as west's -r lists
+    // them) from before the heal until west has converged.
+    let mut addresses = west_instances.clone();
+    addresses.push(old_primary);
+    let probe = WriteProbe::start(&west, ns, &credentials, addresses);
+    partition.heal()?;
+    let healed = Instant::now();
+    let rows = count(&connect(new_primary, &credentials).await?).await?;
+    rejoined_as_a_replica_cluster_taking_no_write(
+        &federation,
+        "west",
+        &credentials,
+        rows,
+        probe,
+        healed,
+    )
+    .await?;
     let west_instance = endpoints(&west, ns, "orders-r").await?[0];
     let (_, lost) =
         rows_and_lost(west_instance, &credentials, &(100..110).collect::<Vec<_>>()).await?;
