@@ -566,6 +566,29 @@ pub fn copy_term(copy: &DynamicObject) -> u64 {
         .unwrap_or(1)
 }
 
+/// The term the primary cluster's copy (`seen`, as last seen) keeps while a switchover
+/// moves the primary away, the federation's term being `term`: the one it was written
+/// under, and before the raise as far as the hub knows. A copy written before a disaster
+/// promotion that made its cluster the primary counts as written under the promotion's
+/// term: a switchover asked right after it marks the copy under that term, so the mark
+/// is not taken for one the promotion ended ([`promoted_over`]).
+pub fn demoted_term(
+    template: &Value,
+    primary: &str,
+    seen: Option<&DynamicObject>,
+    term: u64,
+) -> u64 {
+    let seen = seen
+        .filter(|c| !promoted_over(template, primary, c))
+        .map(copy_term);
+    let before_raise = in_flight(template, primary).map(|_| term.saturating_sub(1).max(1));
+    [seen, before_raise]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(term)
+}
+
 /// `status.switchover` for a switchover from `primary` whose raised term is the recorded
 /// one, not given up: the switchover is under way, whatever the copies show.
 pub fn in_flight<'a>(template: &'a Value, primary: &str) -> Option<InFlight<'a>> {
@@ -1296,6 +1319,10 @@ mod tests {
             .insert(crate::api::ANNOTATION_PRIMARY_TERM.into(), "3".into());
         assert!(!promoted_over(&promoted, "west", &later));
         assert!(promoted_over(&promoted, "west", &west));
+        // A switchover asked before west's copy was written anew marks it under term 3,
+        // so that its mark starts it.
+        assert_eq!(demoted_term(&promoted, "west", Some(&west), 3), 3);
+        assert_eq!(demoted_term(&unrecorded, "west", Some(&west), 3), 1);
     }
 
     /// A switchover that has not promoted by the deadline is given up, and not tried

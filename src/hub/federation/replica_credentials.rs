@@ -22,7 +22,7 @@ use crate::hub::federation::context::{Context, full_template};
 use crate::hub::federation::placement::ClusterView;
 use crate::hub::federation::propagation::ReplicaClusters;
 use crate::hub::federation::replica_clusters::{
-    Switchover, aborted_recorded, copy_term, enabled, in_flight, lost_cluster, primary_cluster,
+    Switchover, aborted_recorded, demoted_term, enabled, in_flight, lost_cluster, primary_cluster,
     promotion_refused, switchover,
 };
 use crate::hub::federation::scheduler::DesiredBinding;
@@ -318,15 +318,7 @@ pub(super) async fn setup(
     let credentials = copy_credentials(context, key, &primary, targets, views).await;
     // The old primary cluster's copy keeps the term it was written under while a
     // switchover moves the primary away: before the raise, as far as the hub knows.
-    let demoted_term = {
-        let seen = copy(&primary).map(copy_term);
-        let before_raise = in_flight(&value, &primary).map(|_| term.saturating_sub(1).max(1));
-        [seen, before_raise]
-            .into_iter()
-            .flatten()
-            .min()
-            .unwrap_or(term)
-    };
+    let demoted_term = demoted_term(&value, &primary, copy(&primary), term);
     Some(ReplicaClusters {
         primary: Ok(primary),
         credentials,
