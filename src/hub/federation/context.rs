@@ -392,6 +392,10 @@ pub(super) struct Context {
     /// cluster's this leadership term: (template, replica cluster) to the primary
     /// cluster they came from.
     pub replica_credentials: Mutex<HashMap<(ObjectKey, String), String>>,
+    /// Template -> the switchover (target, start) the hub marked the old primary
+    /// cluster's copy with this leadership term: a reconcile whose copy cache does not
+    /// show the mark yet keeps that start instead of stamping another.
+    pub switchover_starts: Mutex<HashMap<ObjectKey, (String, String)>>,
     /// How long a planned switchover may take before anything is promoted
     /// (`--switchover-deadline`).
     pub switchover_deadline: Duration,

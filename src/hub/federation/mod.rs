@@ -471,6 +471,7 @@ async fn run_kinds(
         resync: Mutex::default(),
         revisions: Default::default(),
         replica_credentials: Mutex::default(),
+        switchover_starts: Mutex::default(),
         switchover_deadline: options.switchover_deadline,
     });
 

@@ -299,22 +299,44 @@ pub(super) async fn setup(
     {
         tracing::warn!(namespace = %key.namespace, name = %key.name, %error, "cannot clear the aborted switchover's record; tried again");
     }
-    let switchover_started = switchover.started_to().map(|to| {
-        copy(&primary)
-            .filter(|c| {
-                c.annotations()
-                    .get(ANNOTATION_SWITCHOVER_TO)
-                    .map(String::as_str)
-                    == Some(to)
-            })
-            .and_then(|c| c.annotations().get(ANNOTATION_SWITCHOVER_STARTED).cloned())
-            .or_else(|| {
-                in_flight(&value, &primary)
-                    .filter(|record| record.to == to && !record.started.is_empty())
-                    .map(|record| record.started.to_string())
-            })
-            .unwrap_or_else(|| now.round(jiff::Unit::Second).unwrap_or(now).to_string())
-    });
+    // The start is stamped once: as the copy shows it, as recorded with the raised term,
+    // or as this hub stamped it (its copy cache may not show its own write yet).
+    let switchover_started = {
+        let mut starts = context
+            .switchover_starts
+            .lock()
+            .expect("switchover starts lock");
+        match switchover.started_to() {
+            None => {
+                starts.remove(key);
+                None
+            }
+            Some(to) => {
+                let started = copy(&primary)
+                    .filter(|c| {
+                        c.annotations()
+                            .get(ANNOTATION_SWITCHOVER_TO)
+                            .map(String::as_str)
+                            == Some(to)
+                    })
+                    .and_then(|c| c.annotations().get(ANNOTATION_SWITCHOVER_STARTED).cloned())
+                    .or_else(|| {
+                        in_flight(&value, &primary)
+                            .filter(|record| record.to == to && !record.started.is_empty())
+                            .map(|record| record.started.to_string())
+                    })
+                    .or_else(|| {
+                        starts
+                            .get(key)
+                            .filter(|(stamped_to, _)| stamped_to == to)
+                            .map(|(_, started)| started.clone())
+                    })
+                    .unwrap_or_else(|| now.round(jiff::Unit::Second).unwrap_or(now).to_string());
+                starts.insert(key.clone(), (to.to_string(), started.clone()));
+                Some(started)
+            }
+        }
+    };
     let credentials = copy_credentials(context, key, &primary, targets, views).await;
     // The old primary cluster's copy keeps the term it was written under while a
     // switchover moves the primary away: before the raise, as far as the hub knows.
