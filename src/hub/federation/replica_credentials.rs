@@ -99,14 +99,16 @@ pub(super) async fn setup(
         .filter(|to| !to.is_empty())
         .map(str::to_string);
     let promote = promote.as_deref();
-    if promote == Some(primary.as_str()) && lost_cluster(&value, &primary) == primary {
+    // The cluster a promotion takes the primary from: the primary cluster, or the target
+    // of a switchover that told it to promote.
+    let lost = lost_cluster(&value, &primary).to_string();
+    if promote == Some(primary.as_str()) && lost == primary {
         // Recorded already (the ask outlived its record): only the ask goes.
         if let Err(error) = remove_promote_ask(context, key, resource, template).await {
             tracing::warn!(namespace = %key.namespace, name = %key.name, %error, "cannot remove the promotion ask; tried again");
         }
     } else if let Some(to) = promote {
         let refused = promotion_refused(&value, &primary, to, targets, &copy, &not_ready);
-        let lost = lost_cluster(&value, &primary).to_string();
         let mut record = DisasterPromotion {
             from: lost.clone(),
             to: to.to_string(),
