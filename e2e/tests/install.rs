@@ -19,7 +19,7 @@ use bulkhead_e2e::agent_support::free_port;
 use bulkhead_e2e::federation::{Federation, databases, deployments, ready_at};
 use bulkhead_e2e::support::Partition;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::PolicyRule;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
@@ -675,5 +675,243 @@ async fn the_hub_with_the_charts_service_account_propagates_and_fails_over_witho
     // Later suites apply config/crd again; leave the generated description behind.
     lab.install_crds("hub", &bulkhead_e2e::lab::crd_dir())
         .await?;
+    Ok(())
+}
+
+/// The PersistentVolumeClaims of MyDatabase `orders` in `namespace` of `member`.
+async fn orders_claims(
+    federation: &Federation,
+    member: &str,
+    namespace: &str,
+) -> Result<Vec<String>> {
+    let client = federation.lab.inside_client(member).await?;
+    let claims = Api::<PersistentVolumeClaim>::namespaced(client, namespace)
+        .list(&kube::api::ListParams::default())
+        .await?;
+    Ok(claims
+        .items
+        .into_iter()
+        .map(|c| c.metadata.name.unwrap_or_default())
+        .filter(|name| name.starts_with("data-orders-"))
+        .collect())
+}
+
+/// Waits until namespace `name` is gone from the hub (deleted, every finalizer released).
+async fn wait_namespace_gone(hub: &kube::Client, name: &str, within: Duration) -> Result<()> {
+    let api = Api::<Namespace>::all(hub.clone());
+    bulkhead_e2e::wait_for(
+        &format!("namespace {name} gone from the hub"),
+        within,
+        || {
+            let api = api.clone();
+            async move {
+                match api.get_opt(name).await {
+                    Ok(None) => bulkhead_e2e::Check::Done(()),
+                    Ok(Some(n)) => bulkhead_e2e::Check::Waiting(format!(
+                        "{:?}",
+                        n.status.and_then(|s| s.conditions).unwrap_or_default()
+                    )),
+                    Err(e) => bulkhead_e2e::Check::Waiting(e.to_string()),
+                }
+            }
+        },
+    )
+    .await
+}
+
+/// The rows of `member`'s `status.pendingCleanups` as `Kind/namespace/name`.
+async fn pending_rows(hub: &kube::Client, member: &str) -> Result<Vec<String>> {
+    let cluster = Api::<bulkhead::api::MemberCluster>::all(hub.clone())
+        .get(member)
+        .await?;
+    let mut rows: Vec<String> = cluster
+        .status
+        .map(|s| s.pending_cleanups)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|r| format!("{}/{}/{}", r.kind, r.namespace, r.name))
+        .collect();
+    rows.sort();
+    Ok(rows)
+}
+
+#[tokio::test]
+async fn a_namespace_deleted_on_the_hub_finishes_and_its_copies_follow_even_with_a_member_cut_off()
+-> Result<()> {
+    let lab = bulkhead_e2e::support::lab().await?;
+    let hub = lab.client("hub").await?;
+    let chart = chart_dir().display().to_string();
+    // The chart with its binding protection (the admission policy that refused the
+    // namespace controller), the hub running with the chart's account.
+    let _release = Release { lab: lab.clone() };
+    succeed(
+        &lab,
+        "helm",
+        &[
+            "install",
+            RELEASE,
+            chart.as_str(),
+            "--namespace",
+            NAMESPACE,
+            "--create-namespace",
+            "--take-ownership",
+        ],
+        None,
+    )?;
+    let kubeconfig = service_account_kubeconfig(&lab, &hub).await?;
+    let mut federation = Federation::start_as("nsdel", &[], &["1", "1"], Some(kubeconfig)).await?;
+    let first = federation.namespace.clone();
+
+    // 1. Every member Ready. A Deployment divided 2/2/2 and a MyDatabase in east and west.
+    federation.run_web_and_orders(TOLERATION_SECONDS).await?;
+    let claims_before = [
+        orders_claims(&federation, "east", &first).await?,
+        orders_claims(&federation, "west", &first).await?,
+    ];
+    ensure!(
+        claims_before.iter().all(|c| !c.is_empty()),
+        "orders has claims in east and west: {claims_before:?}"
+    );
+    // A tenant (any user but the hub and the API server's controllers, here with every
+    // RBAC permission) still cannot delete a binding in a namespace that stays.
+    let tenant = lab.editor_client("hub").await?;
+    let refused = Api::<bulkhead::api::ResourceBinding>::namespaced(tenant, &first)
+        .delete("web-deployment", &kube::api::DeleteParams::default())
+        .await;
+    ensure!(
+        format!("{refused:?}").contains("may not DELETE"),
+        "a tenant's delete of a binding was not refused: {refused:?}"
+    );
+    Api::<Namespace>::all(hub.clone())
+        .delete(&first, &kube::api::DeleteParams::default())
+        .await?;
+    let asked = std::time::Instant::now();
+    wait_namespace_gone(&hub, &first, Duration::from_secs(60)).await?;
+    eprintln!(
+        "namespace {first} gone from the hub {:.1} s after the delete",
+        asked.elapsed().as_secs_f64()
+    );
+    for member in ["east", "west", "north"] {
+        let client = federation.lab.inside_client(member).await?;
+        for resource in [deployments(), databases()] {
+            let left =
+                Api::<kube::api::DynamicObject>::namespaced_with(client.clone(), &first, &resource)
+                    .list(&kube::api::ListParams::default())
+                    .await?;
+            ensure!(
+                left.items.is_empty(),
+                "{member} still holds {} copies: {:?}",
+                resource.kind,
+                left.items
+                    .iter()
+                    .map(|o| o.metadata.name.clone())
+                    .collect::<Vec<_>>()
+            );
+        }
+    }
+    // reclaimPolicy Retain (the default): the claims stay.
+    let claims_after = [
+        orders_claims(&federation, "east", &first).await?,
+        orders_claims(&federation, "west", &first).await?,
+    ];
+    ensure!(
+        claims_after == claims_before,
+        "the claims were kept: before {claims_before:?}, after {claims_after:?}"
+    );
+
+    // 2. The same with east cut off during the delete, in a namespace of its own (with
+    // agents of its own: an agent serves one namespace).
+    let second = bulkhead_e2e::support::TestNamespace::create(&lab, "nsdel-cut", &["hub"]).await?;
+    let lease = bulkhead_e2e::federation::LEASE_DURATION_SECONDS.to_string();
+    let _agents = ["east", "west", "north"]
+        .iter()
+        .map(|member| {
+            bulkhead_e2e::agent_support::AgentProcess::start(
+                &lab,
+                member,
+                &second.name,
+                &[
+                    "--lease-duration-seconds",
+                    &lease,
+                    "--unfence-after-seconds",
+                    "2",
+                ],
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
+    federation.namespace = second.name.clone();
+    federation.run_web_and_orders(TOLERATION_SECONDS).await?;
+    let east_claims = orders_claims(&federation, "east", &second.name).await?;
+    let partition = Partition::start(&federation.lab, "east")?;
+    federation
+        .wait_member_ready("east", false, Duration::from_secs(60))
+        .await?;
+    Api::<Namespace>::all(hub.clone())
+        .delete(&second.name, &kube::api::DeleteParams::default())
+        .await?;
+    let asked = std::time::Instant::now();
+    wait_namespace_gone(&hub, &second.name, Duration::from_secs(60)).await?;
+    eprintln!(
+        "namespace {} gone from the hub {:.1} s after the delete, east cut off",
+        second.name,
+        asked.elapsed().as_secs_f64()
+    );
+    let rows = pending_rows(&hub, "east").await?;
+    let expected = vec![
+        format!("Deployment/{}/web", second.name),
+        format!("MyDatabase/{}/orders", second.name),
+    ];
+    ensure!(
+        rows == expected,
+        "east's pendingCleanups: {rows:?}, expected {expected:?}"
+    );
+    for (member, resource, name) in [
+        ("west", deployments(), "web"),
+        ("north", deployments(), "web"),
+        ("west", databases(), "orders"),
+    ] {
+        ensure!(
+            federation
+                .api(member, &resource)
+                .get_opt(name)
+                .await?
+                .is_none(),
+            "{member} still holds {name}"
+        );
+    }
+    for (resource, name) in [(deployments(), "web"), (databases(), "orders")] {
+        ensure!(
+            federation
+                .api("east", &resource)
+                .get_opt(name)
+                .await?
+                .is_some(),
+            "east's {name} was kept while it was cut off"
+        );
+    }
+    partition.heal()?;
+    bulkhead_e2e::wait_for(
+        "east's copies deleted and its rows gone after the heal",
+        Duration::from_secs(90),
+        || async {
+            let web = federation.api("east", &deployments()).get_opt("web").await;
+            let orders = federation.api("east", &databases()).get_opt("orders").await;
+            let rows = pending_rows(&hub, "east").await;
+            match (web, orders, rows) {
+                (Ok(None), Ok(None), Ok(rows)) if rows.is_empty() => bulkhead_e2e::Check::Done(()),
+                (web, orders, rows) => bulkhead_e2e::Check::Waiting(format!(
+                    "web {:?}, orders {:?}, rows {rows:?}",
+                    web.map(|w| w.is_some()),
+                    orders.map(|o| o.is_some())
+                )),
+            }
+        },
+    )
+    .await?;
+    let east_after = orders_claims(&federation, "east", &second.name).await?;
+    ensure!(
+        !east_claims.is_empty() && east_after == east_claims,
+        "east's claims were kept: before {east_claims:?}, after {east_after:?}"
+    );
     Ok(())
 }

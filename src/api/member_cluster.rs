@@ -226,6 +226,38 @@ pub struct MemberClusterStatus {
     /// taint's timeAdded; it is kept here so that a restarted hub keeps counting from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failover_grace_start: Option<Time>,
+
+    /// Copies in this member whose template was deleted, with its namespace, while this
+    /// member was unreachable. The namespace on the hub could not wait for the member, so
+    /// the hub keeps the cleanup here instead of on the template: once the member is back,
+    /// each copy is deleted as for any template deleted during a partition (stateless
+    /// copies removed; a MyDatabase copy deleted so its agent applies its reclaimPolicy,
+    /// the claims kept under Retain), and its row goes. A template of the same kind,
+    /// namespace and name created on the hub meanwhile takes over the copy where it
+    /// places one. Written by the hub (field manager bulkhead-hub-cleanups).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["apiVersion", "kind", "namespace", "name"]))]
+    pub pending_cleanups: Vec<PendingCleanup>,
+}
+
+/// A copy the hub still has to delete from a member (see `status.pendingCleanups`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingCleanup {
+    /// The template's apiVersion, for example apps/v1.
+    pub api_version: String,
+    /// The template's kind, for example Deployment.
+    pub kind: String,
+    /// The template's namespace on the hub (and the copy's in the member).
+    pub namespace: String,
+    /// The template's name (and the copy's).
+    pub name: String,
+    /// The uid of the deleted template on the hub.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_uid: Option<String>,
+    /// When the hub recorded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<Time>,
 }
 
 /// Resources of a member cluster, summed over its schedulable nodes.

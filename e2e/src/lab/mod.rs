@@ -313,6 +313,12 @@ impl Lab {
         self.cluster_dir(name).join("admin-inside.kubeconfig")
     }
 
+    /// The hub's kube-controller-manager's own kubeconfig (user
+    /// `system:kube-controller-manager`, inside address).
+    fn controller_manager_kubeconfig(&self, name: &str) -> PathBuf {
+        self.cluster_dir(name).join("controller-manager.kubeconfig")
+    }
+
     /// The directory holding the logs of a cluster's processes.
     pub fn log_dir(&self, name: &str) -> PathBuf {
         self.cluster_dir(name).join("logs")
@@ -752,17 +758,27 @@ impl Lab {
         }
         let pki = self.pki(info.name);
         pki::generate(info.name, &sans, &pki)?;
+        let admin = (pki.admin_cert(), pki.admin_key());
         write_kubeconfig(
             &self.kubeconfig(info.name),
             info.name,
             &info.external_url(),
             &pki,
+            &admin,
         )?;
         write_kubeconfig(
             &self.inside_kubeconfig(info.name),
             info.name,
             &info.inside_url(),
             &pki,
+            &admin,
+        )?;
+        write_kubeconfig(
+            &self.controller_manager_kubeconfig(info.name),
+            info.name,
+            &info.inside_url(),
+            &pki,
+            &(pki.controller_manager_cert(), pki.controller_manager_key()),
         )?;
         Ok(())
     }
@@ -873,11 +889,18 @@ impl Lab {
 
     fn controller_manager_args(&self, info: &ClusterInfo) -> Vec<String> {
         let pki = self.pki(info.name);
+        // The hub's runs as kubeadm runs it: its own user, and each controller with its
+        // ServiceAccount's credentials (the namespace controller is then
+        // system:serviceaccount:kube-system:namespace-controller), so the chart's
+        // admission policies meet the identities a real cluster has. The members' keep
+        // the admin's credentials.
+        let kubeconfig = if info.role == Role::Hub {
+            self.controller_manager_kubeconfig(info.name)
+        } else {
+            self.inside_kubeconfig(info.name)
+        };
         let mut args = vec![
-            format!(
-                "--kubeconfig={}",
-                self.inside_kubeconfig(info.name).display()
-            ),
+            format!("--kubeconfig={}", kubeconfig.display()),
             "--leader-elect=false".into(),
             "--bind-address=127.0.0.1".into(),
             format!("--secure-port={}", info.controller_manager_port()),
@@ -891,6 +914,7 @@ impl Lab {
         if info.role == Role::Hub {
             // Templates on the hub are stored, never executed.
             args.push("--controllers=namespace,garbagecollector".into());
+            args.push("--use-service-account-credentials=true".into());
         } else if let Some(qps) = member_api_qps() {
             args.push(format!("--kube-api-qps={qps}"));
             args.push(format!("--kube-api-burst={}", 2 * qps));
@@ -1155,7 +1179,13 @@ async fn etcd_health(port: u16) -> std::io::Result<String> {
     Ok(response)
 }
 
-fn write_kubeconfig(path: &Path, cluster: &str, server: &str, pki: &pki::PkiPaths) -> Result<()> {
+fn write_kubeconfig(
+    path: &Path,
+    cluster: &str,
+    server: &str,
+    pki: &pki::PkiPaths,
+    (cert, key): &(PathBuf, PathBuf),
+) -> Result<()> {
     let b64 = |p: PathBuf| -> Result<String> {
         Ok(base64::engine::general_purpose::STANDARD
             .encode(std::fs::read(&p).with_context(|| format!("reading {}", p.display()))?))
@@ -1166,8 +1196,8 @@ fn write_kubeconfig(path: &Path, cluster: &str, server: &str, pki: &pki::PkiPath
         "kind": "Config",
         "clusters": [{"name": context, "cluster": {"server": server, "certificate-authority-data": b64(pki.serving_ca())?}}],
         "users": [{"name": format!("{context}-admin"), "user": {
-            "client-certificate-data": b64(pki.admin_cert())?,
-            "client-key-data": b64(pki.admin_key())?,
+            "client-certificate-data": b64(cert.clone())?,
+            "client-key-data": b64(key.clone())?,
         }}],
         "contexts": [{"name": context, "context": {"cluster": context, "user": format!("{context}-admin")}}],
         "current-context": context,

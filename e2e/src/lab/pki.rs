@@ -1,6 +1,7 @@
 //! Certificates for one lab cluster: a serving CA and a client CA (two CAs, as a real
 //! cluster has), the API server's serving certificate, an admin client certificate
-//! (`O=system:masters`) and the service-account signing key, issued by the same
+//! (`O=system:masters`), the controller manager's (`CN=system:kube-controller-manager`)
+//! and the service-account signing key, issued by the same
 //! `CertificateAuthority` the webhook uses. rcgen makes X.509 v3
 //! certificates, which rustls requires (a v1 certificate fails with
 //! `UnsupportedCertVersion`).
@@ -39,6 +40,14 @@ impl PkiPaths {
     pub fn admin_key(&self) -> PathBuf {
         self.dir.join("admin.key")
     }
+    /// The hub's kube-controller-manager's own client certificate (CN
+    /// `system:kube-controller-manager`, as kubeadm gives it).
+    pub fn controller_manager_cert(&self) -> PathBuf {
+        self.dir.join("controller-manager.crt")
+    }
+    pub fn controller_manager_key(&self) -> PathBuf {
+        self.dir.join("controller-manager.key")
+    }
     pub fn service_account_key(&self) -> PathBuf {
         self.dir.join("sa.key")
     }
@@ -59,6 +68,7 @@ pub fn generate(cluster: &str, sans: &[String], paths: &PkiPaths) -> Result<()> 
     let client_ca = CertificateAuthority::new(&format!("bulkhead-lab-{cluster}-client-ca"))?;
     let serving = serving_ca.issue_server("kube-apiserver", sans)?;
     let admin = client_ca.issue_client("bulkhead-lab-admin", Some("system:masters"))?;
+    let controller_manager = client_ca.issue_client("system:kube-controller-manager", None)?;
     let service_account_key = KeyPair::generate()?;
 
     write(&paths.serving_ca(), &serving_ca.pem())?;
@@ -67,6 +77,11 @@ pub fn generate(cluster: &str, sans: &[String], paths: &PkiPaths) -> Result<()> 
     write(&paths.apiserver_key(), &serving.key_pem)?;
     write(&paths.admin_cert(), &admin.cert_pem)?;
     write(&paths.admin_key(), &admin.key_pem)?;
+    write(
+        &paths.controller_manager_cert(),
+        &controller_manager.cert_pem,
+    )?;
+    write(&paths.controller_manager_key(), &controller_manager.key_pem)?;
     write(
         &paths.service_account_key(),
         &service_account_key.serialize_pem(),

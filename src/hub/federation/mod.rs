@@ -37,6 +37,7 @@ pub mod kinds;
 pub mod matching;
 pub mod overrides;
 pub mod packing;
+pub mod pending_cleanups;
 pub mod placement;
 pub mod policy_status;
 pub mod propagation;
@@ -340,7 +341,22 @@ async fn run_kinds(
     // here queued every template at every MemberCluster status write, which the prober
     // makes for `lastProbeTime` alone every 30 s per member (1,500 reconciles every 30 s
     // with 500 templates on 3 members, and a hub that never looked settled).
-    let (members, s) = reflect(Api::<MemberCluster>::all(hub.clone()), |_| Trigger::Nothing);
+    // Except that a pending cleanup row naming a kind not federated asks for the kind.
+    let row_kinds = kinds.clone();
+    let row_needs = needs.clone();
+    let (members, s) = reflect(Api::<MemberCluster>::all(hub.clone()), move |event| {
+        if let watcher::Event::Apply(member) | watcher::Event::InitApply(member) = event {
+            for row in member.status.iter().flat_map(|s| &s.pending_cleanups) {
+                if !row_kinds
+                    .iter()
+                    .any(|(ar, _)| ar.api_version == row.api_version && ar.kind == row.kind)
+                {
+                    let _ = row_needs.send(Gvk::new(&row.api_version, &row.kind));
+                }
+            }
+        }
+        Trigger::Nothing
+    });
     streams.push(s);
     let binding_kinds = kinds.clone();
     let written_bindings = context::Written::default();
@@ -749,6 +765,21 @@ fn queue_all(context: &Context) {
             context.queue.add(key);
         }
     });
+    // And every template named by a member's pending cleanup rows (gone with its
+    // namespace while the member was cut off).
+    for row in pending_cleanups::all_rows(&context.stores.members.state()) {
+        if let Some(kind) = context
+            .kinds
+            .iter()
+            .position(|(ar, _)| ar.api_version == row.api_version && ar.kind == row.kind)
+        {
+            context.queue.add(ObjectKey {
+                kind,
+                namespace: row.namespace,
+                name: row.name,
+            });
+        }
+    }
 }
 
 async fn drive(

@@ -30,6 +30,7 @@ use crate::hub::federation::copies::binding_label;
 use crate::hub::federation::follow;
 use crate::hub::federation::matching::{PolicyCandidate, PolicyScope, policy_reference};
 use crate::hub::federation::overrides::{self, TemplateOverrides, WorkloadPaths};
+use crate::hub::federation::pending_cleanups;
 use crate::hub::federation::placement::ClusterView;
 use crate::hub::federation::propagation::{self, MemberCopy, Plan, PlanInput};
 use crate::hub::federation::scheduler::{
@@ -89,6 +90,10 @@ pub(super) async fn reconcile(context: &Arc<Context>, key: &ObjectKey) -> Option
     match template {
         None => match binding {
             None => {
+                let recorded = recorded_cleanups(context, key, &resource);
+                if !recorded.is_empty() {
+                    return cleanup_recorded(context, key, &resource, &recorded, views).await;
+                }
                 context.forget(key, None);
                 None
             }
@@ -366,22 +371,25 @@ async fn delete_template(
         .map(|b| b.spec.clusters.clone())
         .unwrap_or_default();
     let pending = pending_cleanups(binding.as_deref());
-    let mut planned = plan(
+    let planned = delete_copies(
         context,
         key,
         resource,
         Some(template),
         &targets,
-        &targets,
         &pending,
-        true,
         views,
-        None,
-        None,
-        None,
     );
-    hand_off(context, key, &mut planned, ConflictResolution::Abort);
+    let handed_over = if cleanup_done(&planned) {
+        false
+    } else {
+        match hand_over(context, key, resource, &planned, template.uid().as_deref()).await {
+            Ok(handed_over) => handed_over,
+            Err(retry) => return Some(retry),
+        }
+    };
     if let Some(binding) = binding.as_deref()
+        && !handed_over
         && !unsynced(&planned.members, &targets)
     {
         let built = status::build(
@@ -412,10 +420,14 @@ async fn delete_template(
         )
         .await;
     }
-    if !cleanup_done(&planned) {
+    if !cleanup_done(&planned) && !handed_over {
         return None;
     }
-    tracing::info!(template = %format!("{}/{}", key.namespace, key.name), kind = %resource.kind, "every copy is gone");
+    if handed_over {
+        tracing::info!(template = %format!("{}/{}", key.namespace, key.name), kind = %resource.kind, "its namespace is being deleted: the copies left in unreachable members are deleted when they return (MemberCluster status.pendingCleanups)");
+    } else {
+        tracing::info!(template = %format!("{}/{}", key.namespace, key.name), kind = %resource.kind, "every copy is gone");
+    }
     if let Some(binding) = binding.as_deref()
         && binding.metadata.deletion_timestamp.is_some()
     {
@@ -425,6 +437,25 @@ async fn delete_template(
         return remove_template_finalizer(context, key, resource, template).await;
     }
     None
+}
+
+/// The template is deleted (or gone): plans the deletion of its copies (those `targets`
+/// and `pending` name, and any a member's listing shows) and hands the deletes to the
+/// member writers.
+fn delete_copies(
+    context: &Context,
+    key: &ObjectKey,
+    resource: &ApiResource,
+    template: Option<&DynamicObject>,
+    targets: &[TargetCluster],
+    pending: &[String],
+    views: &[ClusterView],
+) -> Planned {
+    let mut planned = plan(
+        context, key, resource, template, targets, targets, pending, true, views, None, None, None,
+    );
+    hand_off(context, key, &mut planned, ConflictResolution::Abort);
+    planned
 }
 
 /// The decision a binding holds, to write its status beside it unchanged.
@@ -458,14 +489,134 @@ async fn cleanup_after_template(
     }
     let targets = binding.spec.clusters.clone();
     let pending = pending_cleanups(Some(binding));
-    let mut planned = plan(
-        context, key, resource, None, &targets, &targets, &pending, true, views, None, None, None,
-    );
-    hand_off(context, key, &mut planned, ConflictResolution::Abort);
+    let planned = delete_copies(context, key, resource, None, &targets, &pending, views);
     if cleanup_done(&planned) {
         release_binding(context, binding).await;
+        return None;
     }
-    None
+    match hand_over(
+        context,
+        key,
+        resource,
+        &planned,
+        binding.spec.resource.uid.as_deref(),
+    )
+    .await
+    {
+        Ok(true) => {
+            release_binding(context, binding).await;
+            None
+        }
+        Ok(false) => None,
+        Err(retry) => Some(retry),
+    }
+}
+
+/// The members holding a `status.pendingCleanups` row for `key`.
+fn recorded_cleanups(context: &Context, key: &ObjectKey, resource: &ApiResource) -> Vec<String> {
+    pending_cleanups::recorded(
+        &context.stores.members.state(),
+        &pending_cleanups::Named {
+            api_version: &resource.api_version,
+            kind: &resource.kind,
+            namespace: &key.namespace,
+            name: &key.name,
+        },
+    )
+}
+
+/// A template deleted while its copies were left in cut-off members, and whose namespace
+/// is being deleted: the copies' cleanup moves to those members' `status.pendingCleanups`
+/// (written before anything lets the template go). Ok(true): handed over, the template's
+/// and its binding's finalizers may go; Ok(false): the template keeps waiting (a Ready
+/// member's copy is still being deleted or listed, or the namespace stays).
+async fn hand_over(
+    context: &Context,
+    key: &ObjectKey,
+    resource: &ApiResource,
+    planned: &Planned,
+    uid: Option<&str>,
+) -> Result<bool, Duration> {
+    let ready = |cluster: &str| {
+        planned
+            .members
+            .iter()
+            .any(|m| m.cluster == cluster && m.reachable)
+    };
+    let Some(clusters) = pending_cleanups::handover(&planned.plan.pending_cleanup, ready) else {
+        return Ok(false);
+    };
+    if planned.members.iter().any(|m| m.applying) {
+        return Ok(false);
+    }
+    match pending_cleanups::namespace_going(&context.hub, &key.namespace).await {
+        Ok(true) => {}
+        Ok(false) => return Ok(false),
+        Err(error) => {
+            tracing::warn!(namespace = %key.namespace, %error, "cannot read the namespace to see whether it is being deleted");
+            return Err(RETRY);
+        }
+    }
+    let row = pending_cleanups::row(resource, &key.namespace, &key.name, uid);
+    for cluster in &clusters {
+        if let Err(error) = pending_cleanups::change(&context.hub, cluster, Some(&row), None).await
+        {
+            tracing::warn!(member = %cluster, template = %format!("{}/{}", key.namespace, key.name), %error, "cannot record the pending cleanup on the MemberCluster; the template keeps its finalizer");
+            return Err(RETRY);
+        }
+        context.count_write("pending_cleanup");
+    }
+    Ok(true)
+}
+
+/// A template gone with its namespace, whose copies some members still hold: deletes
+/// them as the template's finalizer would have (in members that are Ready and listed),
+/// and removes each member's row once its copy is gone.
+async fn cleanup_recorded(
+    context: &Arc<Context>,
+    key: &ObjectKey,
+    resource: &ApiResource,
+    recorded: &[String],
+    views: &[ClusterView],
+) -> Option<Duration> {
+    let planned = delete_copies(context, key, resource, None, &[], recorded, views);
+    settle_recorded(context, key, resource, recorded, &planned).await
+}
+
+/// Removes the rows of the members in `recorded` whose copy is no longer pending.
+async fn settle_recorded(
+    context: &Context,
+    key: &ObjectKey,
+    resource: &ApiResource,
+    recorded: &[String],
+    planned: &Planned,
+) -> Option<Duration> {
+    let named = pending_cleanups::Named {
+        api_version: &resource.api_version,
+        kind: &resource.kind,
+        namespace: &key.namespace,
+        name: &key.name,
+    };
+    let mut again = None;
+    for cluster in recorded {
+        let member = planned.members.iter().find(|m| &m.cluster == cluster);
+        let settled = !planned.plan.pending_cleanup.contains(cluster)
+            && member.is_some_and(|m| m.reachable && m.synced && !m.applying);
+        if !settled {
+            continue;
+        }
+        match pending_cleanups::change(&context.hub, cluster, None, Some(&named)).await {
+            Ok(()) => {
+                context.count_write("pending_cleanup");
+                tracing::info!(member = %cluster, template = %format!("{}/{}", key.namespace, key.name), kind = %resource.kind, "the copy left by a namespace deleted during a partition is gone");
+            }
+            Err(error) => {
+                tracing::warn!(member = %cluster, %error, "cannot remove a pending cleanup row");
+                again = Some(RETRY);
+            }
+        }
+    }
+    again
 }
 
 /// Whether a reachable placed cluster's copies have not been listed yet: its status would
@@ -637,7 +788,16 @@ async fn place_template(
     };
 
     let previous: Vec<TargetCluster> = old_targets.to_vec();
-    let pending = pending_cleanups(existing);
+    let mut pending = pending_cleanups(existing);
+    // Copies an earlier template of this name left in members cut off while its namespace
+    // was deleted: where this one places a copy, it takes the copy over; elsewhere the copy
+    // goes as one removed from the placement.
+    let recorded = recorded_cleanups(context, key, resource);
+    for cluster in &recorded {
+        if !desired.spec.clusters.iter().any(|t| &t.name == cluster) && !pending.contains(cluster) {
+            pending.push(cluster.clone());
+        }
+    }
     let replica_clusters = if context.interpretation(key).quirks.database_status {
         crate::hub::federation::replica_credentials::setup(
             context, key, resource, template, &desired, views,
@@ -726,6 +886,12 @@ async fn place_template(
         again,
         hand_off(context, key, &mut planned, desired.conflict_resolution),
     );
+    if !recorded.is_empty() {
+        again = sooner(
+            again,
+            settle_recorded(context, key, resource, &recorded, &planned).await,
+        );
+    }
     if unsynced(&planned.members, &targets) {
         // Its status waits for the lists; the copy cache's sync brings the template back.
         return again;
