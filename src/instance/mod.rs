@@ -118,6 +118,9 @@ const IDENTITY_CHECK_AFTER: Duration = Duration::from_secs(10);
 pub struct Instance {
     server: Server,
     log: PathBuf,
+    /// Why the data directory's term file could not be read at start: the instance then
+    /// refuses to be a primary (it cannot know which terms it has seen).
+    term_unreadable: Option<String>,
     agent_lease: Duration,
     token: String,
     state: Mutex<State>,
@@ -235,10 +238,20 @@ impl Instance {
                 .unwrap_or(&options.pgdata)
                 .join("postgres.log")
         });
-        let term = server.term();
+        let (term, term_unreadable) = match server.term() {
+            Ok(term) => (term, None),
+            Err(error) => {
+                let why = format!(
+                    "{error:#}: this instance does not act as a primary until it is restarted with a readable term file (it follows as a standby meanwhile)"
+                );
+                tracing::error!(%why, "the term file cannot be read");
+                (0, Some(why))
+            }
+        };
         Ok(Instance {
             server,
             log,
+            term_unreadable,
             agent_lease: options.agent_lease,
             token: read_secret(&options.secrets_dir, "token")?,
             state: Mutex::new(State {
@@ -265,6 +278,11 @@ impl Instance {
 
     /// The agent's word. Refused when its term is lower than one the instance has seen.
     pub fn set_desired(&self, desired: Desired) -> std::result::Result<InstanceStatus, String> {
+        if let Some(why) = &self.term_unreadable
+            && desired.role == Role::Primary
+        {
+            return Err(why.clone());
+        }
         let mut state = self.lock();
         if desired.term < state.status.term {
             return Err(format!(

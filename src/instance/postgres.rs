@@ -686,20 +686,38 @@ impl Server {
         Ok(())
     }
 
-    /// The highest term this data directory has seen (0 when none).
-    pub fn term(&self) -> u64 {
-        std::fs::read_to_string(self.data_dir.join(TERM_FILE))
-            .ok()
-            .and_then(|t| t.trim().parse().ok())
-            .unwrap_or(0)
+    /// The highest term this data directory has seen (0 when it has no term file). An
+    /// unreadable one is an error, never a term: read as 0 it would let any word promote
+    /// this instance.
+    pub fn term(&self) -> Result<u64> {
+        let path = self.data_dir.join(TERM_FILE);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => text.trim().parse().with_context(|| {
+                format!("the term file {} holds {text:?}, not a term", path.display())
+            }),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(0),
+            Err(error) => {
+                Err(error).with_context(|| format!("reading the term file {}", path.display()))
+            }
+        }
     }
 
-    /// Records `term` in the data directory (before acting on it).
+    /// Records `term` in the data directory (before acting on it): written to a staged
+    /// file, flushed to disk, renamed over the old one, and the directory flushed, so a
+    /// crash leaves the old term or the new one, never less.
     pub fn record_term(&self, term: u64) -> Result<()> {
+        // fsync through a read-only descriptor flushes the file (or directory) on Linux.
+        let flush = |file: &Path| -> Result<()> {
+            std::fs::File::open(file)
+                .and_then(|f| f.sync_all())
+                .with_context(|| format!("flushing {}", file.display()))
+        };
         let path = self.data_dir.join(TERM_FILE);
         let staged = self.data_dir.join(format!("{TERM_FILE}.new"));
         self.write_owned(&staged, &format!("{term}\n"))?;
-        std::fs::rename(&staged, &path).with_context(|| format!("writing {}", path.display()))
+        flush(&staged)?;
+        std::fs::rename(&staged, &path).with_context(|| format!("writing {}", path.display()))?;
+        flush(&self.data_dir)
     }
 }
 
@@ -744,6 +762,37 @@ async fn open(config: &tokio_postgres::Config) -> Result<tokio_postgres::Client>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn server_in(dir: &Path) -> Server {
+        Server {
+            bin_dir: dir.into(),
+            data_dir: dir.into(),
+            socket_dir: dir.into(),
+            listen: "127.0.0.1".into(),
+            port: 5432,
+            owner: None,
+            superuser_password: String::new(),
+            replication_password: String::new(),
+            wal_keep_size: "64MB".into(),
+            app: None,
+        }
+    }
+
+    #[test]
+    fn a_term_file_is_replaced_whole_and_an_unreadable_one_is_no_term() {
+        let dir = std::env::temp_dir().join(format!("bulkhead-term-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let server = server_in(&dir);
+        assert_eq!(server.term().unwrap(), 0, "no file: no term seen yet");
+        server.record_term(7).unwrap();
+        assert_eq!(server.term().unwrap(), 7);
+        assert!(!dir.join(format!("{TERM_FILE}.new")).exists());
+        // A torn or damaged file is an error, not term 0 (which any word would beat).
+        std::fs::write(dir.join(TERM_FILE), "7\u{0}garbage").unwrap();
+        let error = format!("{:#}", server.term().unwrap_err());
+        assert!(error.contains("not a term"), "{error}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn literals_are_quoted() {
