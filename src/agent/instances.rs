@@ -52,6 +52,9 @@ pub struct InstanceSettings {
     pub failover_after: Duration,
     /// How long one request to an instance may take.
     pub request_timeout: Duration,
+    /// The instances' own lease (`bulkhead instance --agent-lease`): a primary that has
+    /// not accepted a command for this long demotes itself.
+    pub instance_lease: Duration,
     /// The pod annotation holding a pod's address from other clusters (None: its IP).
     pub external_address_annotation: Option<String>,
     /// The primary terms the hub's Lease carries (see `fence.rs`).
@@ -68,6 +71,7 @@ impl Default for InstanceSettings {
             round: Duration::from_secs(1),
             failover_after: Duration::from_secs(5),
             request_timeout: Duration::from_secs(1),
+            instance_lease: Duration::from_secs(10),
             external_address_annotation: None,
             terms: Terms::default(),
         }
@@ -169,6 +173,17 @@ impl Views {
     }
 }
 
+/// What a primary whose lease ran out may take to stop acknowledging writes: the instance
+/// looks at its lease once a second (`instance::TICK`), then shuts PostgreSQL down fast
+/// (sessions end at once), plus a margin.
+pub const DEMOTION_ALLOWANCE: Duration = Duration::from_secs(2);
+
+/// The shortest `failover_after` that never promotes a standby before the primary can
+/// have demoted itself: the instances' lease, the allowance, and one round of the agent.
+pub fn shortest_safe_failover(instance_lease: Duration, round: Duration) -> Duration {
+    instance_lease + DEMOTION_ALLOWANCE + round
+}
+
 /// What the loop keeps per database between rounds.
 struct Tracked {
     /// The newest record this agent wrote or read (the store may lag a write).
@@ -178,6 +193,10 @@ struct Tracked {
     /// `failover_after` before it promotes anyone).
     primary: Option<String>,
     primary_seen: Instant,
+    /// When the recorded primary last accepted a command (its answer received: its own
+    /// lease began no later), or became the recorded primary, or the agent first saw the
+    /// database (a restarted agent does not know when its predecessor last spoke).
+    primary_told: Instant,
     token: Option<String>,
     /// When the switchover under way began.
     switchover: Option<Instant>,
@@ -201,6 +220,11 @@ struct Loop {
     changed: mpsc::Sender<ObjectRef<MyDatabase>>,
     recorder: Recorder,
     settings: InstanceSettings,
+}
+
+/// `key` and the object's UID: one life of a database.
+fn life(database: &MyDatabase) -> String {
+    format!("{}/{}", key(database), database.uid().unwrap_or_default())
 }
 
 fn key(database: &MyDatabase) -> String {
@@ -279,14 +303,19 @@ pub async fn run(
         }
         let current: Vec<Arc<MyDatabase>> = databases.state();
         let keys: Vec<String> = current.iter().map(|d| key(d)).collect();
-        tracked.retain(|k, _| keys.contains(k));
+        // What a round remembers belongs to one object: a database deleted and created
+        // again under its name (its UID changes) starts from its own status, never from
+        // the record of the one before.
+        let lives: Vec<String> = current.iter().map(|d| life(d)).collect();
+        tracked.retain(|k, _| lives.contains(k));
         context.views.retain(|k| keys.iter().any(|c| c == k));
         let now = Instant::now();
         for database in &current {
-            tracked.entry(key(database)).or_insert_with(|| Tracked {
+            tracked.entry(life(database)).or_insert_with(|| Tracked {
                 recorded: Recorded::default(),
                 primary: None,
                 primary_seen: now,
+                primary_told: now,
                 token: None,
                 switchover: None,
                 switchover_hold: None,
@@ -297,7 +326,7 @@ pub async fn run(
         // Every database's round at once: a silent pod costs its database the request
         // timeout, not the others.
         let rounds = tracked.iter_mut().filter_map(|(k, t)| {
-            let database = current.iter().find(|d| key(d) == *k)?.clone();
+            let database = current.iter().find(|d| life(d) == *k)?.clone();
             Some(context.round(database, t))
         });
         futures::future::join_all(rounds).await;
@@ -429,6 +458,7 @@ impl Loop {
             if tracked.primary != recorded.primary {
                 tracked.primary = recorded.primary.clone();
                 tracked.primary_seen = now;
+                tracked.primary_told = now;
             }
             let primary_answers = recorded
                 .primary
@@ -454,6 +484,10 @@ impl Loop {
                 fenced: fenced_why,
                 primary_silent_for: (!primary_answers).then(|| now - tracked.primary_seen),
                 failover_after: self.settings.failover_after,
+                primary_may_write_for: (tracked.primary_told
+                    + self.settings.instance_lease
+                    + DEMOTION_ALLOWANCE)
+                    .saturating_duration_since(now),
                 port: POSTGRES_PORT as u16,
                 synchronous,
                 keep,
@@ -586,6 +620,16 @@ impl Loop {
         .await;
         if token_refused.load(std::sync::atomic::Ordering::Relaxed) {
             tracked.token = None;
+        }
+        // The recorded primary's own lease runs from the command it just accepted.
+        if let Some(i) = tracked
+            .recorded
+            .primary
+            .as_ref()
+            .and_then(|p| names.iter().position(|n| n == p))
+            && answers[i].is_some()
+        {
+            tracked.primary_told = Instant::now();
         }
         let mut latest: Vec<Option<InstanceStatus>> = answers
             .into_iter()

@@ -84,9 +84,11 @@ pub struct AgentOptions {
     #[arg(long, default_value = crate::api::DEFAULT_IMAGE)]
     pub instance_image: String,
     /// How long a database's primary may not answer before its most advanced standby is
-    /// promoted (seconds).
-    #[arg(long, default_value_t = 5.0)]
-    pub failover_after_seconds: f64,
+    /// promoted (seconds). At least --lease-duration-seconds + 3 (the primary's own lease,
+    /// which is that value, the time it takes to demote itself, and a round): a shorter
+    /// value is refused at start. Unset: exactly that.
+    #[arg(long)]
+    pub failover_after_seconds: Option<f64>,
     /// A node label database pods must run on, `KEY=VALUE` (repeatable): dedicated
     /// database nodes.
     #[arg(long, value_parser = parse_label)]
@@ -104,8 +106,38 @@ pub struct AgentOptions {
     pub webhook_options: crate::webhook::WebhookServerOptions,
 }
 
+/// How long a silent primary waits before a standby is promoted, from the flags: never
+/// shorter than the primary's own lease (`--lease-duration-seconds`, given to every
+/// instance as `--agent-lease`) plus its demotion and a round, so a standby is never
+/// promoted while the old primary may still acknowledge a write.
+pub fn failover_after(options: &AgentOptions) -> std::result::Result<Duration, String> {
+    let lease = Duration::from_secs_f64(options.lease_duration_seconds.max(0.0));
+    let shortest =
+        instances::shortest_safe_failover(lease, instances::InstanceSettings::default().round);
+    match options.failover_after_seconds {
+        None => Ok(shortest),
+        Some(seconds)
+            if seconds.is_finite() && Duration::from_secs_f64(seconds.max(0.0)) >= shortest =>
+        {
+            Ok(Duration::from_secs_f64(seconds))
+        }
+        Some(seconds) => Err(format!(
+            "--failover-after-seconds {seconds} is shorter than --lease-duration-seconds {} plus {} s: a database's primary demotes itself only {} s after the agent last reached it, so a standby promoted sooner could take writes beside it, and writes acknowledged by the old primary would be lost. Set --failover-after-seconds to at least {}, or leave it unset",
+            options.lease_duration_seconds,
+            (shortest - lease).as_secs_f64(),
+            options.lease_duration_seconds,
+            shortest.as_secs_f64()
+        )),
+    }
+}
+
 /// Runs the agent until SIGTERM.
 pub async fn run(options: AgentOptions) -> Result<()> {
+    let failover_after =
+        failover_after(&options).map_err(|reason| crate::error::Error::InvalidOption {
+            option: "--failover-after-seconds".into(),
+            reason,
+        })?;
     let process = Process::start("agent", &options.client, &options.serve).await?;
     let wait = Duration::from_secs(options.serve.crd_wait_seconds);
     if !process.wait_for_crds(AGENT_CRDS, wait).await? {
@@ -173,7 +205,8 @@ pub async fn run(options: AgentOptions) -> Result<()> {
         views_changed,
         recorder.clone(),
         instances::InstanceSettings {
-            failover_after: Duration::from_secs_f64(options.failover_after_seconds),
+            failover_after,
+            instance_lease: Duration::from_secs_f64(options.lease_duration_seconds),
             external_address_annotation: options.external_address_annotation.clone(),
             terms: terms.clone(),
             ..Default::default()
@@ -234,4 +267,41 @@ pub async fn run(options: AgentOptions) -> Result<()> {
         .await;
     process.finish().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        agent: AgentOptions,
+    }
+
+    fn options(args: &[&str]) -> AgentOptions {
+        Flags::parse_from(std::iter::once("agent").chain(args.iter().copied())).agent
+    }
+
+    #[test]
+    fn a_failover_sooner_than_the_primary_can_demote_itself_is_refused_at_start() {
+        assert_eq!(failover_after(&options(&[])), Ok(Duration::from_secs(13)));
+        assert_eq!(
+            failover_after(&options(&["--lease-duration-seconds", "3"])),
+            Ok(Duration::from_secs(6))
+        );
+        assert_eq!(
+            failover_after(&options(&["--failover-after-seconds", "20"])),
+            Ok(Duration::from_secs(20))
+        );
+        let refused = failover_after(&options(&["--failover-after-seconds", "5"]))
+            .expect_err("5 s is sooner than the primary's 10 s lease");
+        assert!(
+            refused.contains("--failover-after-seconds 5")
+                && refused.contains("--lease-duration-seconds 10")
+                && refused.contains("at least 13"),
+            "{refused}"
+        );
+    }
 }

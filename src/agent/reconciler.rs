@@ -692,6 +692,30 @@ async fn cleanup(database: &MyDatabase, context: &Context) -> Result<Action, Rec
                 }
                 kept.push(claim_name);
             }
+            // The data directories hold the passwords of these Secrets: kept with the
+            // claims (no longer owned, so the garbage collector leaves them), a database
+            // created again on the claims takes them back (`create_once`) and its
+            // application's credentials still log in.
+            let secrets: Api<Secret> = Api::namespaced(context.client.clone(), &namespace);
+            for secret in [
+                builders::instance_secret_name(&name),
+                builders::app_secret_name(&name),
+            ] {
+                match secrets
+                    .patch(
+                        &secret,
+                        &PatchParams::default(),
+                        &Patch::Merge(&serde_json::json!({"metadata": {"ownerReferences": null}})),
+                    )
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(error) if classify(&error) == ApiErrorKind::NotFound => {}
+                    Err(error) => {
+                        return Err(api_error(format!("keeping the Secret {secret}"))(error));
+                    }
+                }
+            }
             if !kept.is_empty() {
                 context
                     .publish(
@@ -726,7 +750,8 @@ pub fn owned_kinds(client: &Client, namespace: Option<&str>) -> (Api<StatefulSet
 }
 
 /// Creates `secret` unless one of its name exists (whatever it holds: it is never
-/// overwritten).
+/// overwritten). One kept by an earlier database of this name (its claims kept, so its
+/// data holds these passwords) is taken back: owned by this one again.
 async fn create_once(
     client: &Client,
     namespace: &str,
@@ -740,12 +765,20 @@ async fn create_once(
         object: object.to_string(),
         source,
     };
-    if api
-        .get_opt(&name)
-        .await
-        .map_err(|e| error("reading", e))?
-        .is_some()
-    {
+    if let Some(existing) = api.get_opt(&name).await.map_err(|e| error("reading", e))? {
+        let owners = existing.metadata.owner_references.unwrap_or_default();
+        if owners.is_empty()
+            && let Some(owner) = secret.metadata.owner_references.clone()
+        {
+            tracing::info!(%object, secret = %name, "taking back the Secret kept from an earlier database of this name");
+            api.patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(&serde_json::json!({"metadata": {"ownerReferences": owner}})),
+            )
+            .await
+            .map_err(|e| error("taking back", e))?;
+        }
         return Ok(());
     }
     match api.create(&kube::api::PostParams::default(), secret).await {
@@ -943,6 +976,13 @@ mod tests {
                 serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200}),
             );
         }
+        if method == "PATCH" && path.contains("/secrets/") {
+            let name = path.rsplit('/').next().unwrap_or_default();
+            return json(
+                StatusCode::OK,
+                serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": "shop"}}),
+            );
+        }
         if method == "PATCH" && path.contains("/persistentvolumeclaims/") {
             // The claim after the patch; a merge patch body is not one (null values).
             let name = path.rsplit('/').next().unwrap_or_default();
@@ -993,6 +1033,7 @@ mod tests {
     }
 
     const CLAIMS: &str = "/api/v1/namespaces/shop/persistentvolumeclaims";
+    const SECRETS: &str = "/api/v1/namespaces/shop/secrets";
     const LIST_CLAIMS: &str = "GET /api/v1/namespaces/shop/persistentvolumeclaims?&labelSelector=example.com%2Fdatabase%3Dorders";
     const STATUS: &str = "PATCH /apis/example.com/v1/namespaces/shop/mydatabases/orders/status";
     const FINALIZER_REMOVAL: &str = "PATCH /apis/example.com/v1/namespaces/shop/mydatabases/orders";
@@ -1298,6 +1339,8 @@ mod tests {
                 LIST_CLAIMS.to_string(),
                 format!("PATCH {CLAIMS}/data-orders-0"),
                 format!("PATCH {CLAIMS}/data-orders-1"),
+                format!("PATCH {SECRETS}/orders-instance"),
+                format!("PATCH {SECRETS}/orders-app"),
                 FINALIZER_REMOVAL.to_string(),
             ],
             "no DELETE of a claim: {calls:#?}"
@@ -1339,7 +1382,14 @@ mod tests {
         let Served { calls, events, .. } = server.await.unwrap();
         assert_eq!(
             calls,
-            [STATUS, LIST_CLAIMS, FINALIZER_REMOVAL],
+            [
+                STATUS.to_string(),
+                LIST_CLAIMS.to_string(),
+                // The Secrets kept with the claims (their passwords are in the data).
+                format!("PATCH {SECRETS}/orders-instance"),
+                format!("PATCH {SECRETS}/orders-app"),
+                FINALIZER_REMOVAL.to_string(),
+            ],
             "{calls:#?}"
         );
         assert!(events.iter().any(|e| e["reason"] == "VolumesRetained"));
@@ -1368,6 +1418,8 @@ mod tests {
                 LIST_CLAIMS.to_string(),
                 format!("PATCH {CLAIMS}/data-orders-0"),
                 format!("PATCH {CLAIMS}/data-orders-1"),
+                format!("PATCH {SECRETS}/orders-instance"),
+                format!("PATCH {SECRETS}/orders-app"),
                 FINALIZER_REMOVAL.to_string(),
             ],
             "{calls:#?}"

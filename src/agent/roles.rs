@@ -8,13 +8,19 @@
 //! there (they demote themselves when it is silent past the lease).
 //!
 //! Rules:
-//! - a new database's first primary is its first instance (ordinal 0), term 1;
+//! - a new database's first primary is its first instance (ordinal 0), term 1, recorded
+//!   once the instances that answer show no term (no data); a database created again on
+//!   its kept claims waits for every instance, then takes the newest data;
 //! - while the recorded primary answers, it stays primary; the others stream from it;
 //! - fenced (the hub's lease is stale, or `spec.readOnly`), every instance is a standby
 //!   and nothing is promoted;
-//! - when the recorded primary has not answered for `failover_after`, the standby with the
-//!   most WAL received is promoted under the next term (none is when no standby answers),
-//!   one that a scale-down keeps before one it removes;
+//! - when the recorded primary has not answered for `failover_after` **and** it can no
+//!   longer acknowledge a write (its own lease, counted from the last command it
+//!   accepted, has run out: [`RoleInput::primary_may_write_for`]), the standby with the
+//!   latest WAL (timeline, then position) is promoted under the next term (none is when
+//!   no standby answers), one that a scale-down keeps before one it removes;
+//! - an instance that has seen a term above the recorded one (a database created again
+//!   on its kept claims) makes the agent record a term above it before anything else;
 //! - when a scale-down removes the recorded primary's pod (a failover made a high ordinal
 //!   primary), the primary is switched over first, with nothing lost: it is demoted (its
 //!   sessions end, it writes nothing more), the kept standby with the most WAL receives
@@ -59,6 +65,12 @@ pub struct RoleInput<'a> {
     pub primary_silent_for: Option<Duration>,
     /// How long the recorded primary may be silent before a standby is promoted.
     pub failover_after: Duration,
+    /// How long the recorded primary may still acknowledge a write by its own lease: its
+    /// `--agent-lease` counted from the last moment it accepted this agent's command
+    /// (from when the agent first saw it, after an agent restart), plus a round of its
+    /// own and a margin for its demotion; zero once that has passed. No standby is
+    /// promoted before (one writer at a time, whatever `failover_after` says).
+    pub primary_may_write_for: Duration,
     /// PostgreSQL's port in every instance.
     pub port: u16,
     /// Standbys that must have a commit before the primary acknowledges it.
@@ -105,24 +117,12 @@ pub enum RoleDecision {
 /// Decides this round; see the module documentation.
 pub fn decide(input: &RoleInput<'_>) -> RoleDecision {
     let Some(primary) = input.recorded.primary.as_deref() else {
-        return match input.instances.first() {
-            Some(first) => RoleDecision::Record {
-                primary: first.pod.to_string(),
-                term: input.recorded.term + 1,
-                why: format!(
-                    "the first primary of a new database is its first instance, {}",
-                    first.pod
-                ),
-                switchover: false,
-            },
-            None => RoleDecision::Tell {
-                desired: vec![],
-                message: "no instance yet".into(),
-                switching_to: None,
-            },
-        };
+        return first_primary(input);
     };
     let term = input.recorded.term;
+    if let Some(decision) = adopt_higher_term(input, primary) {
+        return decision;
+    }
     let recorded_primary = input.instances.iter().find(|i| i.pod == primary);
     let answers = recorded_primary.is_some_and(|i| i.status.is_some());
     let kept =
@@ -141,6 +141,7 @@ pub fn decide(input: &RoleInput<'_>) -> RoleDecision {
         && input
             .primary_silent_for
             .is_some_and(|silent| silent >= input.failover_after)
+        && input.primary_may_write_for.is_zero()
         && let Some(candidate) = most_wal(input.instances, primary, &kept)
             .or_else(|| most_wal(input.instances, primary, &|_| true))
     {
@@ -290,6 +291,15 @@ pub fn decide(input: &RoleInput<'_>) -> RoleDecision {
         ),
         (None, true, None) => format!("{primary} is the primary (term {term})"),
         (None, false, _) => match input.primary_silent_for {
+            Some(silent)
+                if silent >= input.failover_after && !input.primary_may_write_for.is_zero() =>
+            {
+                format!(
+                    "the primary {primary} has not answered for {}s; a standby takes over once {primary} has demoted itself by its own lease (in {}s at the latest)",
+                    silent.as_secs(),
+                    input.primary_may_write_for.as_secs_f64().ceil()
+                )
+            }
             Some(silent) if silent >= input.failover_after => format!(
                 "the primary {primary} has not answered for {}s and no standby answers to take over",
                 silent.as_secs()
@@ -309,14 +319,140 @@ pub fn decide(input: &RoleInput<'_>) -> RoleDecision {
     }
 }
 
-/// The answering, ready standby (not `primary`, one `eligible` names) with the most WAL
-/// received; the first by ordinal among equals.
+/// No primary recorded: a new database, or one created again on the claims it kept. Its
+/// first primary is its first instance, under the next term, when the instances that
+/// answer have seen no term (they have no data). An instance that has seen one holds data
+/// of an earlier life of the database: then every instance must answer first, and the
+/// primary is chosen as [`adopt_higher_term`] chooses it. Nothing is recorded before an
+/// instance answers (a term recorded for an instance that holds older data would let it
+/// take it: it accepts any term it has not seen beaten).
+fn first_primary(input: &RoleInput<'_>) -> RoleDecision {
+    let waiting = |message: String| RoleDecision::Tell {
+        desired: vec![],
+        message,
+        switching_to: None,
+    };
+    let Some(first) = input.instances.first() else {
+        return waiting("no instance yet".into());
+    };
+    let seen = input
+        .instances
+        .iter()
+        .filter_map(|i| i.status.map(|s| s.term))
+        .max();
+    match seen {
+        None => waiting(format!(
+            "waiting for {} to answer before recording the first primary",
+            first.pod
+        )),
+        Some(0) => RoleDecision::Record {
+            primary: first.pod.to_string(),
+            term: input.recorded.term + 1,
+            why: format!(
+                "the first primary of a new database is its first instance, {}",
+                first.pod
+            ),
+            switchover: false,
+        },
+        Some(_) => adopt_higher_term(input, first.pod).unwrap_or_else(|| {
+            waiting("every instance has a term the status already records".into())
+        }),
+    }
+}
+
+/// An instance that has seen a higher term than the recorded one (the database was
+/// created again on claims it kept, or its status was restored from an older copy): the
+/// instances refuse every command under the recorded term, so a term above every one they
+/// have seen is recorded first. The primary stays the instance that runs as one, if any
+/// answers so (no second writer); else the one with the latest WAL (timeline, then
+/// position) of those that answer; else the recorded one.
+fn adopt_higher_term(input: &RoleInput<'_>, primary: &str) -> Option<RoleDecision> {
+    let (seen_by, highest) = input
+        .instances
+        .iter()
+        .filter_map(|i| i.status.map(|s| (i.pod, s.term)))
+        .max_by_key(|(_, term)| *term)?;
+    if highest <= input.recorded.term {
+        return None;
+    }
+    // The newest data may be on any instance (a switchover moved the primary before the
+    // delete): the choice waits for an answer from every instance the database has.
+    // (Replicas 0 stops every instance: nothing to choose.)
+    if input.keep == u32::MAX {
+        return None;
+    }
+    // An answer counts once it says where the instance's WAL ends (one still starting
+    // says nothing yet); an instance that has seen no term holds no data.
+    let answering = input
+        .instances
+        .iter()
+        .filter(|i| i.status.is_some_and(|s| s.term == 0 || s.lsn.is_some()))
+        .count();
+    let expected = input.instances.len().max(input.keep as usize);
+    if answering < expected {
+        return Some(RoleDecision::Tell {
+            desired: vec![],
+            message: format!(
+                "{seen_by} has seen term {highest}, above the recorded term {}: waiting for every instance to answer ({answering} of {expected}) before recording the next term and its primary",
+                input.recorded.term
+            ),
+            switching_to: None,
+        });
+    }
+    // A primary running under the highest term stays (no second writer); one running
+    // under an older term took a term it should never have been given and is not kept.
+    let running = input.instances.iter().find(|i| {
+        i.status
+            .is_some_and(|s| s.role == Some(Role::Primary) && s.term == highest)
+    });
+    let chosen = running
+        .or_else(|| latest_wal(input.instances))
+        .map_or(primary, |i| i.pod);
+    Some(RoleDecision::Record {
+        primary: chosen.to_string(),
+        term: highest + 1,
+        why: format!(
+            "{seen_by} has seen term {highest}, above the recorded term {} (a database created again on the claims it kept): term {} is recorded, with {chosen} the primary",
+            input.recorded.term,
+            highest + 1
+        ),
+        switchover: false,
+    })
+}
+
+/// Where an instance's WAL ends, comparable across instances: the timeline first (a
+/// promoted standby's history is newer than anything on the timeline it left), then the
+/// position.
+fn wal_end(status: &InstanceStatus) -> (u32, u64) {
+    (
+        status.timeline.unwrap_or(0),
+        status.lsn.as_deref().and_then(parse_lsn).unwrap_or(0),
+    )
+}
+
+/// The answering instance whose WAL ends latest; the first by ordinal among equals.
+fn latest_wal<'a>(instances: &'a [Instance<'a>]) -> Option<&'a Instance<'a>> {
+    let mut best: Option<(&Instance<'a>, (u32, u64))> = None;
+    for instance in instances {
+        let Some(status) = instance.status else {
+            continue;
+        };
+        let end = wal_end(status);
+        if best.is_none_or(|(_, latest)| end > latest) {
+            best = Some((instance, end));
+        }
+    }
+    best.map(|(instance, _)| instance)
+}
+
+/// The answering, ready standby (not `primary`, one `eligible` names) with the latest WAL
+/// received (timeline, then position); the first by ordinal among equals.
 fn most_wal<'a>(
     instances: &'a [Instance<'a>],
     primary: &str,
     eligible: &dyn Fn(&str) -> bool,
 ) -> Option<&'a Instance<'a>> {
-    let mut best: Option<(&Instance<'a>, u64)> = None;
+    let mut best: Option<(&Instance<'a>, (u32, u64))> = None;
     for instance in instances {
         if instance.pod == primary || !eligible(instance.pod) {
             continue;
@@ -327,9 +463,9 @@ fn most_wal<'a>(
         if !status.ready {
             continue;
         }
-        let lsn = status.lsn.as_deref().and_then(parse_lsn).unwrap_or(0);
-        if best.is_none_or(|(_, most)| lsn > most) {
-            best = Some((instance, lsn));
+        let end = wal_end(status);
+        if best.is_none_or(|(_, most)| end > most) {
+            best = Some((instance, end));
         }
     }
     best.map(|(instance, _)| instance)
@@ -369,6 +505,7 @@ mod tests {
             fenced: None,
             primary_silent_for: silent.map(Duration::from_secs),
             failover_after: Duration::from_secs(10),
+            primary_may_write_for: Duration::ZERO,
             port: 5432,
             synchronous: 1,
             keep: u32::MAX,
@@ -416,13 +553,66 @@ mod tests {
 
     #[test]
     fn a_new_database_records_its_first_instance_as_primary_before_telling_anyone() {
-        let instances = [instance("db-0", None), instance("db-1", None)];
         let none = Recorded::default();
+        // Nothing is recorded before an instance says what it holds.
+        let silent = [instance("db-0", None), instance("db-1", None)];
+        assert!(matches!(
+            decide(&input(&silent, &none, None)),
+            RoleDecision::Tell { desired, .. } if desired.is_empty()
+        ));
+        let empty = InstanceStatus {
+            term: 0,
+            ..Default::default()
+        };
+        let instances = [instance("db-0", Some(&empty)), instance("db-1", None)];
         let decision = decide(&input(&instances, &none, None));
         assert!(
             matches!(&decision, RoleDecision::Record { primary, term: 1, .. } if primary == "db-0"),
             "{decision:?}"
         );
+    }
+
+    #[test]
+    fn a_database_created_again_waits_for_every_instance_and_never_promotes_a_stale_one() {
+        // Created again on kept claims: db-0's pod starts first; it missed the switchover
+        // that made db-1 the primary under term 2 (its data stops at term 1).
+        let none = Recorded::default();
+        let stale = InstanceStatus {
+            term: 1,
+            timeline: Some(1),
+            ..status(Role::Standby, "0/3000000")
+        };
+        let newest = InstanceStatus {
+            term: 2,
+            timeline: Some(2),
+            ..status(Role::Standby, "0/3000800")
+        };
+        let first_only = [instance("db-0", Some(&stale))];
+        let decision = decide(&keeping(&first_only, &none, 2));
+        assert!(
+            matches!(&decision, RoleDecision::Tell { desired, .. } if desired.is_empty()),
+            "nothing recorded (term 1 would promote db-0's old data): {decision:?}"
+        );
+        let both = [instance("db-0", Some(&stale)), instance("db-1", Some(&newest))];
+        let decision = decide(&keeping(&both, &none, 2));
+        assert!(
+            matches!(&decision, RoleDecision::Record { primary, term: 3, .. } if primary == "db-1"),
+            "{decision:?}"
+        );
+        // db-0 was promoted under a stale term 1 (an agent before this rule): not kept.
+        let promoted_stale = InstanceStatus {
+            role: Some(Role::Primary),
+            ..stale.clone()
+        };
+        let both = [
+            instance("db-0", Some(&promoted_stale)),
+            instance("db-1", Some(&newest)),
+        ];
+        let recorded_stale = recorded("db-0", 1);
+        assert!(matches!(
+            decide(&keeping(&both, &recorded_stale, 2)),
+            RoleDecision::Record { primary, term: 3, .. } if primary == "db-1"
+        ));
     }
 
     #[test]
@@ -604,6 +794,124 @@ mod tests {
                 ("db-2".into(), Role::Primary, None, 5),
             ]
         );
+    }
+
+    #[test]
+    fn no_standby_is_promoted_while_the_silent_primary_may_still_acknowledge_a_write() {
+        // The primary's instance API is cut off while PostgreSQL keeps serving: silent
+        // past failover_after, but its own lease (from the last command it accepted) has
+        // not run out, so it may still be a primary taking writes.
+        let standby = status(Role::Standby, "0/3000000");
+        let instances = [instance("db-0", None), instance("db-1", Some(&standby))];
+        let rec = recorded("db-0", 1);
+        let mut early = input(&instances, &rec, Some(30));
+        early.primary_may_write_for = Duration::from_millis(2500);
+        let decision = decide(&early);
+        let RoleDecision::Tell {
+            desired, message, ..
+        } = &decision
+        else {
+            panic!("a standby was promoted beside a primary that may still write: {decision:?}")
+        };
+        assert!(
+            desired
+                .iter()
+                .all(|(pod, d)| pod == "db-0" || d.role == Role::Standby)
+        );
+        assert!(
+            message.contains("demoted itself by its own lease (in 3s"),
+            "{message}"
+        );
+        // Once its lease and the demotion allowance are over: promoted.
+        early.primary_may_write_for = Duration::ZERO;
+        assert!(matches!(
+            decide(&early),
+            RoleDecision::Record { primary, term: 2, .. } if primary == "db-1"
+        ));
+    }
+
+    #[test]
+    fn a_failover_promotes_the_standby_on_the_newest_timeline_first() {
+        // db-1 streamed from an old primary and received more bytes of its timeline; db-2
+        // is on the newer timeline: its history is the one that holds the last writes.
+        let old_timeline = InstanceStatus {
+            timeline: Some(1),
+            ..status(Role::Standby, "0/9000000")
+        };
+        let new_timeline = InstanceStatus {
+            timeline: Some(2),
+            ..status(Role::Standby, "0/5000000")
+        };
+        let instances = [
+            instance("db-0", None),
+            instance("db-1", Some(&old_timeline)),
+            instance("db-2", Some(&new_timeline)),
+        ];
+        let rec = recorded("db-0", 3);
+        assert!(matches!(
+            decide(&input(&instances, &rec, Some(30))),
+            RoleDecision::Record { primary, term: 4, .. } if primary == "db-2"
+        ));
+    }
+
+    #[test]
+    fn a_database_created_again_on_its_kept_claims_records_a_term_above_its_instances() {
+        // Deleted and created again: the status starts over (db-0, term 1) while the
+        // instances kept term 2 (a switchover made db-1 the primary) in their data.
+        let at = |role: Role, lsn: &str, term: u64| InstanceStatus {
+            term,
+            timeline: Some(2),
+            ..status(role, lsn)
+        };
+        let db0 = at(Role::Standby, "0/5000000", 2);
+        let db1 = at(Role::Standby, "0/5000100", 2);
+        let rec = recorded("db-0", 1);
+        // Only db-0 answers yet (its pod starts first): db-1 may hold newer data, so
+        // nothing is chosen before it answers too.
+        let first_only = [instance("db-0", Some(&db0))];
+        let waiting = decide(&keeping(&first_only, &rec, 2));
+        assert!(
+            matches!(&waiting, RoleDecision::Tell { desired, message, .. }
+                if desired.is_empty() && message.contains("1 of 2")),
+            "{waiting:?}"
+        );
+        // db-1 answers but its server is still starting (no position yet): still waiting.
+        let starting = InstanceStatus {
+            lsn: None,
+            timeline: None,
+            ..db1.clone()
+        };
+        let instances = [
+            instance("db-0", Some(&db0)),
+            instance("db-1", Some(&starting)),
+        ];
+        assert!(matches!(
+            decide(&keeping(&instances, &rec, 2)),
+            RoleDecision::Tell { desired, .. } if desired.is_empty()
+        ));
+        let instances = [instance("db-0", Some(&db0)), instance("db-1", Some(&db1))];
+        let decision = decide(&keeping(&instances, &rec, 2));
+        assert!(
+            matches!(&decision, RoleDecision::Record { primary, term: 3, why, switchover: false }
+                if primary == "db-1" && why.contains("term 2")),
+            "{decision:?}"
+        );
+        // An instance that runs as the primary stays the one (no second writer).
+        let running = at(Role::Primary, "0/5000000", 2);
+        let instances = [
+            instance("db-0", Some(&running)),
+            instance("db-1", Some(&db1)),
+        ];
+        assert!(matches!(
+            decide(&keeping(&instances, &rec, 2)),
+            RoleDecision::Record { primary, term: 3, .. } if primary == "db-0"
+        ));
+        // Recorded at or above every instance's term: nothing to adopt.
+        let rec = recorded("db-1", 3);
+        assert!(matches!(
+            decide(&keeping(&instances, &rec, 2)),
+            RoleDecision::Tell { .. }
+        ));
     }
 
     #[test]

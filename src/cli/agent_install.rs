@@ -71,9 +71,12 @@ pub fn cluster_role() -> ClusterRole {
             rule(&["example.com"], &["mydatabases/finalizers"], &["update"]),
             rule(&["apps"], &["statefulsets"], APPLY),
             rule(&[""], &["services"], APPLY),
-            // The instance and application Secrets: made once, never changed (get to read
-            // the token the instances share with the agent).
-            rule(&[""], &["secrets"], &["get", "create"]),
+            // The instance and application Secrets: made once, their data never changed
+            // (get to read the token the instances share with the agent); patch: only
+            // their owner reference, dropped when a deletion keeps the claims (the data
+            // holds their passwords) and set again when a database of that name takes
+            // them back.
+            rule(&[""], &["secrets"], &["get", "create", "patch"]),
             // patch: each database pod's role label; delete: a version upgrade replaces
             // the database pods on an old template one at a time, by name with a UID
             // precondition (standbys first, the primary after a switchover).
@@ -258,8 +261,8 @@ mod tests {
         );
         assert_eq!(
             verbs_for("secrets"),
-            ["get", "create"],
-            "Secrets: the databases' own, made once; never listed, watched, changed or deleted"
+            ["get", "create", "patch"],
+            "Secrets: the databases' own, made once (patched only to keep them with kept claims); never listed, watched or deleted"
         );
         assert_eq!(
             verbs_for("pods"),

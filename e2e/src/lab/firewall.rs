@@ -60,6 +60,23 @@ pub fn is_partitioned(cluster: &str) -> Result<bool> {
 /// database pods (`pods`, a range: every port); rules already in place are kept.
 pub fn partition(cluster: &str, address: Ipv4Addr, port: u16, pods: &str) -> Result<()> {
     cut_pods(cluster, pods)?;
+    cut_port(cluster, address, port)
+}
+
+/// Cuts only the outside addresses of `cluster`'s database pods (`pods`, a range): other
+/// clusters' replication and clients lose them while its API server stays reachable.
+/// Undone by [`heal`] with the rest of the cluster's rules.
+pub fn cut_pods(cluster: &str, pods: &str) -> Result<()> {
+    drop_tagged(
+        cluster,
+        &["-d", pods, "-p", "tcp"],
+        &format!("partitioning {cluster}'s database pods"),
+    )
+}
+
+/// Drops TCP to `address`:`port` only (one pod's instance API, say), by a rule tagged
+/// with `cluster`: undone by [`heal`] with the rest of the cluster's rules.
+pub fn cut_port(cluster: &str, address: Ipv4Addr, port: u16) -> Result<()> {
     let destination = format!("{address}/32");
     drop_tagged(
         cluster,
@@ -71,18 +88,7 @@ pub fn partition(cluster: &str, address: Ipv4Addr, port: u16, pods: &str) -> Res
             "--dport",
             &port.to_string(),
         ],
-        &format!("partitioning {cluster}"),
-    )
-}
-
-/// Cuts only the outside addresses of `cluster`'s database pods (`pods`, a range): other
-/// clusters' replication and clients lose them while its API server stays reachable.
-/// Undone by [`heal`] with the rest of the cluster's rules.
-pub fn cut_pods(cluster: &str, pods: &str) -> Result<()> {
-    drop_tagged(
-        cluster,
-        &["-d", pods, "-p", "tcp"],
-        &format!("partitioning {cluster}'s database pods"),
+        &format!("cutting {address}:{port} in {cluster}"),
     )
 }
 
