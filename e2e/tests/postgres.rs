@@ -2956,14 +2956,18 @@ async fn a_database_created_again_on_its_kept_claims_after_a_switchover_takes_wr
     // Deleted (its claims stay: reclaimPolicy Retain) and created again.
     api.delete("recr", &Default::default()).await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    wait_for("the database and its pods gone", Duration::from_secs(90), || async {
-        let db = api.get_opt("recr").await.ok().flatten();
-        let left = pods.list(&Default::default()).await.map(|l| l.items.len());
-        match (db, left) {
-            (None, Ok(0)) => Check::Done(()),
-            (db, left) => Check::Waiting(format!("database {}, pods {left:?}", db.is_some())),
-        }
-    })
+    wait_for(
+        "the database and its pods gone",
+        Duration::from_secs(90),
+        || async {
+            let db = api.get_opt("recr").await.ok().flatten();
+            let left = pods.list(&Default::default()).await.map(|l| l.items.len());
+            match (db, left) {
+                (None, Ok(0)) => Check::Done(()),
+                (db, left) => Check::Waiting(format!("database {}, pods {left:?}", db.is_some())),
+            }
+        },
+    )
     .await?;
     let mut again = database("recr", 2, 0)?;
     again.spec.version = "15.2".into();

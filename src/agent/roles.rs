@@ -593,7 +593,10 @@ mod tests {
             matches!(&decision, RoleDecision::Tell { desired, .. } if desired.is_empty()),
             "nothing recorded (term 1 would promote db-0's old data): {decision:?}"
         );
-        let both = [instance("db-0", Some(&stale)), instance("db-1", Some(&newest))];
+        let both = [
+            instance("db-0", Some(&stale)),
+            instance("db-1", Some(&newest)),
+        ];
         let decision = decide(&keeping(&both, &none, 2));
         assert!(
             matches!(&decision, RoleDecision::Record { primary, term: 3, .. } if primary == "db-1"),

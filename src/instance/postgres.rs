@@ -693,7 +693,10 @@ impl Server {
         let path = self.data_dir.join(TERM_FILE);
         match std::fs::read_to_string(&path) {
             Ok(text) => text.trim().parse().with_context(|| {
-                format!("the term file {} holds {text:?}, not a term", path.display())
+                format!(
+                    "the term file {} holds {text:?}, not a term",
+                    path.display()
+                )
             }),
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(0),
             Err(error) => {
