@@ -130,6 +130,16 @@ pub struct Instance {
     roles_ensured: std::sync::atomic::AtomicBool,
 }
 
+/// The server is stopped for a rewind or a copy: nothing it reported before holds (not
+/// ready, no role, no WAL position), so the agent never takes it for a standby it could
+/// promote, or for one whose WAL is known, while its data is being replaced.
+fn not_serving(status: &mut InstanceStatus) {
+    status.ready = false;
+    status.role = None;
+    status.lsn = None;
+    status.timeline = None;
+}
+
 /// Runs the instance manager until SIGTERM (then stops PostgreSQL with a fast shutdown).
 pub async fn run(options: InstanceOptions) -> Result<()> {
     let instance = Arc::new(Instance::new(&options)?);
@@ -372,6 +382,7 @@ impl Instance {
                 }
                 Some((Role::Standby, Some(upstream), _)) => {
                     self.report(|s| {
+                        not_serving(s);
                         s.message = format!(
                             "copying the primary's data from {}:{} (pg_basebackup)",
                             upstream.host, upstream.port
@@ -559,7 +570,7 @@ impl Instance {
             let aside = self.server.set_aside()?;
             tracing::warn!(kept = %aside.display(), host = %upstream.host, "this data is another database's than the upstream's; copying the upstream's (the old data directory is kept)");
             self.report(|s| {
-                s.ready = false;
+                not_serving(s);
                 s.message = format!(
                     "copying {}:{} with pg_basebackup: this data was another database's (kept in {})",
                     upstream.host,
@@ -703,6 +714,7 @@ impl Instance {
 
     async fn follow(&self, upstream: &Upstream) -> Result<()> {
         self.report(|s| {
+            not_serving(s);
             s.message = format!(
                 "rewinding to the history of {}:{} (pg_rewind)",
                 upstream.host, upstream.port
@@ -735,6 +747,7 @@ impl Instance {
         let aside = self.server.set_aside()?;
         tracing::warn!(error = %format!("{error:#}"), kept = %aside.display(), "pg_rewind failed; copying the new primary's data instead (the old data directory is kept)");
         self.report(|s| {
+            not_serving(s);
             s.message = format!(
                 "pg_rewind failed ({error:#}); copying {}:{} with pg_basebackup, the old data kept in {}",
                 upstream.host,
