@@ -295,7 +295,8 @@ pub async fn run(options: HubOptions) -> Result<()> {
         }
         let state = HubState {
             leadership,
-            evidence: membership::evidence::Evidence::new(options.lease_renew_interval),
+            evidence: membership::evidence::Evidence::new(options.lease_renew_interval)
+                .with_lease_duration(options.lease_duration),
             ..HubState::default()
         };
         run_membership(&process, &options, identity, state).await;

@@ -33,6 +33,28 @@ pub const ANNOTATION_COPIED_FROM: &str = "federation.example.com/copied-from";
 
 /// The replica-cluster setup of a hub MyDatabase, with the Secrets copied where they are
 /// missing; None for a database whose copies are independent, or placed nowhere yet.
+/// Whether a disaster promotion that would be accepted waits: the lost cluster's agent
+/// keeps its primaries writable until its Lease has been stale a full lease, so the
+/// promotion waits until then, or it could make two primaries. The ask stays, nothing is
+/// recorded, and the template is looked at again when the wait is over.
+fn waits_for_the_fence(
+    context: &Context,
+    key: &ObjectKey,
+    lost: &str,
+    to: &str,
+    refused: bool,
+) -> bool {
+    if refused {
+        return false;
+    }
+    let Some(left) = context.state.evidence.may_still_write(lost) else {
+        return false;
+    };
+    tracing::info!(namespace = %key.namespace, name = %key.name, %lost, %to, wait = ?left, "the disaster promotion waits until the lost cluster has certainly fenced itself (a full lease after the last renewal of its fencing Lease that succeeded)");
+    context.queue.add_after(key.clone(), left);
+    true
+}
+
 pub(super) async fn setup(
     context: &Context,
     key: &ObjectKey,
@@ -107,7 +129,15 @@ pub(super) async fn setup(
         if let Err(error) = remove_promote_ask(context, key, resource, template).await {
             tracing::warn!(namespace = %key.namespace, name = %key.name, %error, "cannot remove the promotion ask; tried again");
         }
-    } else if let Some(to) = promote {
+    } else if let Some(to) = promote
+        && !waits_for_the_fence(
+            context,
+            key,
+            &lost,
+            to,
+            promotion_refused(&value, &primary, to, targets, &copy, &not_ready).is_some(),
+        )
+    {
         let refused = promotion_refused(&value, &primary, to, targets, &copy, &not_ready);
         let mut record = DisasterPromotion {
             from: lost.clone(),

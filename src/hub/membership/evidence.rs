@@ -38,6 +38,8 @@ pub struct Record {
     /// The last fencing-lease renewal (None: this replica has not renewed there yet, e.g.
     /// a standby).
     pub renewal: Option<Signal>,
+    /// When the last successful renewal was answered (its write is no later).
+    pub renewed_ok: Option<Instant>,
     /// The last failed probe or renewal.
     pub suspect_since: Option<Instant>,
     /// When the copy watches whose initial lists all completed were started.
@@ -129,7 +131,16 @@ pub struct Evidence {
     carried: Arc<Mutex<HashMap<String, Carried>>>,
     changed: watch::Sender<u64>,
     renew_interval: Duration,
+    /// The fencing lease's duration (see [`Evidence::may_still_write`]).
+    lease_duration: Duration,
+    /// When this hub process began to keep evidence: a previous one may have renewed a
+    /// member's Lease right before.
+    since: Instant,
 }
+
+/// How long after its deadline an agent may take to have every primary demoted (the
+/// agent's own bound), plus a margin for the watch that brings it the renewals.
+pub const FENCE_ALLOWANCE: Duration = Duration::from_secs(3);
 
 /// The primary terms a renewal carried (`namespace/name` -> term, see `terms`).
 pub type Carried = Arc<Option<std::collections::BTreeMap<String, u64>>>;
@@ -148,6 +159,8 @@ impl Evidence {
             carried: Arc::default(),
             changed: watch::Sender::new(0),
             renew_interval,
+            lease_duration: Duration::from_secs(10),
+            since: Instant::now(),
         }
     }
 
@@ -174,6 +187,33 @@ impl Evidence {
     /// Records a fencing-lease renewal's outcome.
     pub fn renewed(&self, cluster: &str, ok: bool) {
         self.observe(cluster, ok, |r| &mut r.renewal);
+        if ok {
+            let at = Instant::now();
+            self.update(cluster, |record| {
+                record.renewed_ok = Some(at);
+                false
+            });
+        }
+    }
+
+    /// How long `cluster`'s agent may still let its primaries take writes: a full lease
+    /// from the last renewal this hub saw succeed there (from when this hub started, when
+    /// it has seen none: another one may have renewed just before), plus
+    /// [`FENCE_ALLOWANCE`]. None: it has certainly fenced itself by now.
+    pub fn may_still_write(&self, cluster: &str) -> Option<Duration> {
+        let from = self
+            .record(cluster)
+            .and_then(|r| r.renewed_ok)
+            .unwrap_or(self.since);
+        (from + self.lease_duration + FENCE_ALLOWANCE)
+            .checked_duration_since(Instant::now())
+            .filter(|left| !left.is_zero())
+    }
+
+    /// The same evidence judged against a fencing lease of `lease_duration`.
+    pub fn with_lease_duration(mut self, lease_duration: Duration) -> Self {
+        self.lease_duration = lease_duration;
+        self
     }
 
     /// Records a fencing-lease renewal's outcome and, when it succeeded, the primary
@@ -326,6 +366,7 @@ mod tests {
         Record {
             probe: ok(now - Duration::from_millis(500)),
             renewal: ok(now - Duration::from_millis(500)),
+            renewed_ok: Some(now - Duration::from_millis(500)),
             suspect_since: None,
             listed: Some(start),
         }
@@ -420,6 +461,32 @@ mod tests {
                 WINDOWS
             )
             .is_some()
+        );
+    }
+
+    #[test]
+    fn a_member_may_write_until_a_full_lease_after_the_last_renewal_that_succeeded() {
+        let evidence = Evidence::new(Duration::from_millis(100))
+            .with_lease_duration(Duration::from_millis(200));
+        // Never renewed by this hub: counted from its start (another may have renewed).
+        assert!(evidence.may_still_write("east").is_some());
+        evidence.renewed("east", true);
+        // One failed renewal changes nothing: the agent saw the last good one.
+        evidence.renewed("east", false);
+        let left = evidence.may_still_write("east").expect("not yet");
+        assert!(
+            left > Duration::from_millis(200)
+                && left <= FENCE_ALLOWANCE + Duration::from_millis(200)
+        );
+        let past = Evidence {
+            since: Instant::now() - Duration::from_secs(60),
+            ..Evidence::new(Duration::from_millis(100))
+                .with_lease_duration(Duration::from_millis(200))
+        };
+        assert_eq!(
+            past.may_still_write("west"),
+            None,
+            "a lease and the allowance are over"
         );
     }
 
