@@ -104,6 +104,16 @@ pub fn review(
         .old_object
         .as_ref()
         .and_then(|o| serde_json::to_value(o).ok());
+    // An object on its way out whose spec stays as it is: its finalizers being removed
+    // (the hub's, an agent's), a label or status touched. Refusing it (a tenant rule
+    // tightened since it was created, the rules not synced yet) would only keep it, and
+    // its namespace, from ever being deleted.
+    if let Some(old) = &old
+        && !old["metadata"]["deletionTimestamp"].is_null()
+        && old.get("spec") == object.get("spec")
+    {
+        return (response, Outcome::Allowed);
+    }
     let kind = request.kind.kind.as_str();
     let namespace = request.namespace.as_deref();
     let name = if request.name.is_empty() {
@@ -784,6 +794,38 @@ mod tests {
             answer(Hook::Validate, &governed[0], &unsynced).1,
             Outcome::Allowed
         );
+    }
+
+    #[test]
+    fn an_object_being_deleted_loses_its_finalizers_whatever_the_rules_say_now() {
+        // team-a's rules allow 3 replicas; this database was created before they did.
+        let state = tenant_state();
+        let mut deleting = db(5);
+        deleting["metadata"]["deletionTimestamp"] = "2026-12-07T18:00:00Z".into();
+        deleting["metadata"]["finalizers"] = serde_json::json!(["federation.example.com/cleanup"]);
+        let mut released = deleting.clone();
+        released["metadata"]["finalizers"] = serde_json::json!([]);
+        let body = request_with(
+            "MyDatabase",
+            "example.com",
+            "v1",
+            "UPDATE",
+            released,
+            Some(deleting.clone()),
+        );
+        assert_eq!(answer(Hook::Validate, &body, &state).1, Outcome::Allowed);
+        // Its spec changed while it is being deleted: judged as any update.
+        let mut grown = deleting.clone();
+        grown["spec"]["replicas"] = 6.into();
+        let body = request_with(
+            "MyDatabase",
+            "example.com",
+            "v1",
+            "UPDATE",
+            grown,
+            Some(deleting),
+        );
+        assert_eq!(answer(Hook::Validate, &body, &state).1, Outcome::Denied);
     }
 
     #[test]
