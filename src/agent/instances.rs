@@ -582,6 +582,7 @@ impl Loop {
         // its newest status.
         let token = tracked.token.clone();
         let answered: Vec<bool> = asked.iter().map(Option::is_some).collect();
+        let telling_started = Instant::now();
         let token_refused = std::sync::atomic::AtomicBool::new(false);
         let token_refused = &token_refused;
         let answers = futures::future::join_all(pods.iter().enumerate().map(|(i, pod)| {
@@ -621,15 +622,25 @@ impl Loop {
         if token_refused.load(std::sync::atomic::Ordering::Relaxed) {
             tracked.token = None;
         }
-        // The recorded primary's own lease runs from the command it just accepted.
+        // The recorded primary's own lease runs from the command it just accepted; from a
+        // command it did not answer, it may still run from as late as that command can be
+        // delivered (a cut delays it, the instance acts on it within a bound).
         if let Some(i) = tracked
             .recorded
             .primary
             .as_ref()
             .and_then(|p| names.iter().position(|n| n == p))
-            && answers[i].is_some()
         {
-            tracked.primary_told = Instant::now();
+            let sent = answered[i]
+                && tracked.token.is_some()
+                && desired.iter().any(|(p, _)| *p == names[i]);
+            if answers[i].is_some() {
+                tracked.primary_told = tracked.primary_told.max(Instant::now());
+            } else if sent {
+                tracked.primary_told = tracked
+                    .primary_told
+                    .max(telling_started + crate::instance::COMMAND_DELIVERY_BOUND);
+            }
         }
         let mut latest: Vec<Option<InstanceStatus>> = answers
             .into_iter()

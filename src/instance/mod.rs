@@ -39,6 +39,13 @@ const MAX_BODY_BYTES: usize = 64 * 1024;
 /// How long a request may take to send its headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How late a command can reach the instance after its connection was opened: the API
+/// reads one request per connection and drops a connection whose request has not come in
+/// within [`HEADER_TIMEOUT`] of it opening. A command delayed by a cut (its packets
+/// retransmitted after the heal) is never acted on later than this after it was sent; the
+/// agent counts a primary's lease from then for a command it got no answer to.
+pub const COMMAND_DELIVERY_BOUND: Duration = HEADER_TIMEOUT;
+
 #[derive(clap::Args, Clone, Debug)]
 pub struct InstanceOptions {
     /// The data directory.
