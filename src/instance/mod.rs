@@ -137,6 +137,30 @@ pub struct Instance {
     roles_ensured: std::sync::atomic::AtomicBool,
 }
 
+/// PostgreSQL's log is rotated past this size: at most twice this on disk.
+const LOG_ROTATE_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Past `limit` bytes, copies `log` to `<log>.1` (replacing the previous one) and empties
+/// it in place: the server keeps writing to the file it opened for appending, so nothing
+/// needs to reopen it (logrotate's copytruncate). Lines written between the copy and the
+/// truncation are lost; the log is for reading, not for recovery.
+fn rotate_log(log: &std::path::Path, limit: u64) -> std::io::Result<bool> {
+    match std::fs::metadata(log) {
+        Ok(meta) if meta.len() > limit => {}
+        Ok(_) => return Ok(false),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(error) => return Err(error),
+    }
+    let mut kept = log.as_os_str().to_owned();
+    kept.push(".1");
+    std::fs::copy(log, &kept)?;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(log)?
+        .set_len(0)?;
+    Ok(true)
+}
+
 /// The server is stopped for a rewind or a copy: nothing it reported before holds (not
 /// ready, no role, no WAL position), so the agent never takes it for a standby it could
 /// promote, or for one whose WAL is known, while its data is being replaced.
@@ -355,6 +379,9 @@ impl Instance {
             if let Err(error) = self.step(&mut child, &mut running).await {
                 tracing::warn!(error = %format!("{error:#}"), "instance");
                 self.report(|s| s.message = format!("{error:#}"));
+            }
+            if let Err(error) = rotate_log(&self.log, LOG_ROTATE_BYTES) {
+                tracing::warn!(error = %format!("{error:#}"), log = %self.log.display(), "cannot rotate PostgreSQL's log");
             }
             tokio::select! {
                 _ = shutdown.cancelled() => break,
@@ -890,4 +917,30 @@ fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Response<Full<Byt
         hyper::header::HeaderValue::from_static("application/json"),
     );
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_is_copied_aside_and_emptied_past_its_limit() {
+        let dir = std::env::temp_dir().join(format!("bulkhead-log-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("postgres.log");
+        std::fs::write(&log, "0123456789").unwrap();
+        assert!(!rotate_log(&log, 10).unwrap(), "at the limit: kept");
+        // A writer that appends (as the server does) goes on after the rotation.
+        let mut writer = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+        std::io::Write::write_all(&mut writer, b"abc").unwrap();
+        assert!(rotate_log(&log, 10).unwrap());
+        assert_eq!(
+            std::fs::read_to_string(dir.join("postgres.log.1")).unwrap(),
+            "0123456789abc"
+        );
+        std::io::Write::write_all(&mut writer, b"next").unwrap();
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), "next");
+        assert!(!rotate_log(&dir.join("missing.log"), 10).unwrap());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
