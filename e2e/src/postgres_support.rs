@@ -166,6 +166,26 @@ fn instance_processes(lab: &Lab, info: &ClusterInfo, ns: &str, pod: &str) -> Res
     Ok(found)
 }
 
+/// Kills (SIGKILL) an instance's postmaster (its children die with it; the instance
+/// manager restarts the server, as a kubelet restarts a container).
+pub fn kill_postmaster(lab: &Lab, info: &ClusterInfo, ns: &str, pod: &str) -> Result<i32> {
+    for pid in instance_processes(lab, info, ns, pod)? {
+        let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let program = raw.split(|b| *b == 0).next().unwrap_or_default();
+        if String::from_utf8_lossy(program).ends_with("/postgres") {
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            )
+            .with_context(|| format!("killing {ns}/{pod}'s postmaster {pid}"))?;
+            return Ok(pid);
+        }
+    }
+    bail!("{ns}/{pod} runs no postmaster")
+}
+
 /// Stops (SIGSTOP) every process of an instance: a hung node, as its agent sees it.
 pub fn freeze(lab: &Lab, info: &ClusterInfo, ns: &str, pod: &str) -> Result<Vec<i32>> {
     let pids = instance_processes(lab, info, ns, pod)?;
@@ -264,4 +284,161 @@ pub async fn rows_and_lost(
         .copied()
         .collect();
     Ok((rows, lost))
+}
+
+/// Every write a client was told succeeded: when, and which server took it.
+#[derive(Clone, Copy, Debug)]
+pub struct Ack {
+    pub at: Duration,
+    pub server: Ipv4Addr,
+    pub id: i32,
+}
+
+/// A client per server at `servers`, each holding its session (opened again when the
+/// server ends it), inserting a new id every 100 ms and recording every acknowledgement.
+pub struct AckLog {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<Vec<Ack>>>,
+}
+
+impl AckLog {
+    pub fn start(
+        servers: &[Ipv4Addr],
+        credentials: &AppCredentials,
+        origin: std::time::Instant,
+    ) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let tasks = servers
+            .iter()
+            .enumerate()
+            .map(|(n, server)| {
+                let (stop, credentials, server) = (stop.clone(), credentials.clone(), *server);
+                tokio::spawn(async move {
+                    let mut acks = vec![];
+                    let mut session: Option<tokio_postgres::Client> = None;
+                    let mut id = 500_000 + 100_000 * n as i32;
+                    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        if session.as_ref().is_none_or(|s| s.is_closed()) {
+                            session = match tokio::time::timeout(
+                                Duration::from_secs(1),
+                                connect(server, &credentials),
+                            )
+                            .await
+                            {
+                                Ok(Ok(s)) => Some(s),
+                                _ => None,
+                            };
+                        }
+                        let Some(client) = session.as_ref() else {
+                            continue;
+                        };
+                        id += 1;
+                        let written = tokio::time::timeout(
+                            Duration::from_secs(2),
+                            client.batch_execute(&format!(
+                                "SET default_transaction_read_only = off; INSERT INTO orders VALUES ({id})"
+                            )),
+                        )
+                        .await;
+                        if let Ok(Ok(())) = written {
+                            acks.push(Ack {
+                                at: origin.elapsed(),
+                                server,
+                                id,
+                            });
+                        }
+                    }
+                    acks
+                })
+            })
+            .collect();
+        AckLog { stop, tasks }
+    }
+
+    /// Stops every client: every acknowledgement, in time order.
+    pub async fn stop(self) -> Result<Vec<Ack>> {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut acks = vec![];
+        for task in self.tasks {
+            acks.extend(task.await?);
+        }
+        acks.sort_by_key(|a| a.at);
+        Ok(acks)
+    }
+}
+
+/// The acknowledgements taken by a server while another one was taking them too: an ack
+/// of server S at t counts when another server acknowledged a write after an earlier
+/// ack of S that lies within `window` before t (S took writes before and after the other,
+/// that close together). A planned or forced hand-over back to S takes far longer than
+/// `window` (a demotion, a lease, a promotion), so only two writers at once are counted.
+pub fn taken_beside(acks: &[Ack], window: Duration) -> Vec<Ack> {
+    use std::collections::{BTreeMap, VecDeque};
+    // Per server: its acks within the window, and the time of its latest ack.
+    let mut recent: BTreeMap<Ipv4Addr, VecDeque<Duration>> = BTreeMap::new();
+    let mut latest: BTreeMap<Ipv4Addr, Duration> = BTreeMap::new();
+    let mut beside = vec![];
+    for ack in acks {
+        let own = recent.entry(ack.server).or_default();
+        while own
+            .front()
+            .is_some_and(|at| ack.at.saturating_sub(*at) > window)
+        {
+            own.pop_front();
+        }
+        let other = latest
+            .iter()
+            .filter(|(server, _)| **server != ack.server)
+            .map(|(_, at)| *at)
+            .max();
+        if let (Some(other), Some(first_own)) = (other, own.front())
+            && *first_own < other
+        {
+            beside.push(*ack);
+        }
+        own.push_back(ack.at);
+        latest.insert(ack.server, ack.at);
+    }
+    beside
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ack(ms: u64, server: u8) -> Ack {
+        Ack {
+            at: Duration::from_millis(ms),
+            server: Ipv4Addr::new(10, 0, 0, server),
+            id: ms as i32,
+        }
+    }
+
+    #[test]
+    fn only_writes_taken_while_another_server_takes_them_too_are_beside() {
+        let window = Duration::from_secs(1);
+        // A hand-over (1 to 2), and much later back to 1: no two writers.
+        let handed = [
+            ack(0, 1),
+            ack(100, 1),
+            ack(4000, 2),
+            ack(4100, 2),
+            ack(20000, 1),
+        ];
+        assert!(taken_beside(&handed, window).is_empty());
+        // 1 goes on writing after 2 took its first: 1's later acks are beside.
+        let both = [
+            ack(0, 1),
+            ack(100, 2),
+            ack(200, 1),
+            ack(300, 2),
+            ack(400, 1),
+        ];
+        let beside: Vec<u64> = taken_beside(&both, window)
+            .iter()
+            .map(|a| a.at.as_millis() as u64)
+            .collect();
+        assert_eq!(beside, [200, 300, 400]);
+    }
 }

@@ -10,8 +10,8 @@ use bulkhead::api::MyDatabase;
 use bulkhead_e2e::agent_support::{AgentProcess, LeaseRenewer};
 use bulkhead_e2e::lab::{self, runner};
 use bulkhead_e2e::postgres_support::{
-    AppCredentials, app_credentials, connect, endpoints, freeze, outside, rows_and_lost, sqlstate,
-    thaw, wait_streaming, write_through,
+    Ack, AckLog, AppCredentials, app_credentials, connect, endpoints, freeze, outside,
+    rows_and_lost, sqlstate, thaw, wait_streaming, write_through,
 };
 use bulkhead_e2e::support::{self, Partition, TestNamespace};
 use bulkhead_e2e::{Check, wait_for};
@@ -2745,83 +2745,6 @@ async fn replica_cluster_lag_at_rest_and_under_a_steady_write_load() -> Result<(
     );
     assert!(!loaded.is_empty() && loaded.iter().all(|s| s.0 >= 0));
     Ok(())
-}
-
-/// Every write a client was told succeeded: when, and which server took it.
-#[derive(Clone, Copy, Debug)]
-struct Ack {
-    at: Duration,
-    server: Ipv4Addr,
-    id: i32,
-}
-
-/// A client per server at `servers`, each holding its session (opened again when the
-/// server ends it), inserting a new id every 100 ms and recording every acknowledgement.
-struct AckLog {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    tasks: Vec<tokio::task::JoinHandle<Vec<Ack>>>,
-}
-
-impl AckLog {
-    fn start(servers: &[Ipv4Addr], credentials: &AppCredentials, origin: Instant) -> Self {
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let tasks = servers
-            .iter()
-            .enumerate()
-            .map(|(n, server)| {
-                let (stop, credentials, server) = (stop.clone(), credentials.clone(), *server);
-                tokio::spawn(async move {
-                    let mut acks = vec![];
-                    let mut session: Option<tokio_postgres::Client> = None;
-                    let mut id = 500_000 + 100_000 * n as i32;
-                    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        if session.as_ref().is_none_or(|s| s.is_closed()) {
-                            session = match tokio::time::timeout(
-                                Duration::from_secs(1),
-                                connect(server, &credentials),
-                            )
-                            .await
-                            {
-                                Ok(Ok(s)) => Some(s),
-                                _ => None,
-                            };
-                        }
-                        let Some(client) = session.as_ref() else {
-                            continue;
-                        };
-                        id += 1;
-                        let written = tokio::time::timeout(
-                            Duration::from_secs(2),
-                            client.batch_execute(&format!(
-                                "SET default_transaction_read_only = off; INSERT INTO orders VALUES ({id})"
-                            )),
-                        )
-                        .await;
-                        if let Ok(Ok(())) = written {
-                            acks.push(Ack {
-                                at: origin.elapsed(),
-                                server,
-                                id,
-                            });
-                        }
-                    }
-                    acks
-                })
-            })
-            .collect();
-        AckLog { stop, tasks }
-    }
-
-    async fn stop(self) -> Result<Vec<Ack>> {
-        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        let mut acks = vec![];
-        for task in self.tasks {
-            acks.extend(task.await?);
-        }
-        acks.sort_by_key(|a| a.at);
-        Ok(acks)
-    }
 }
 
 #[tokio::test]

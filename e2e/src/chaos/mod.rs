@@ -13,6 +13,7 @@
 
 pub mod audit;
 pub mod converge;
+pub mod database;
 pub mod nemesis;
 pub mod random;
 pub mod rules;
@@ -106,6 +107,9 @@ pub struct Outcome {
     pub verdict: Verdict,
     /// Problems left when the convergence window closed (empty: converged).
     pub not_converged: Vec<String>,
+    /// The database's violations: acknowledged writes lost, writes taken beside another
+    /// primary, not writable after the last heal (empty: none).
+    pub database: Vec<String>,
     /// The report, as printed.
     pub report: String,
 }
@@ -113,7 +117,9 @@ pub struct Outcome {
 impl Outcome {
     /// Whether the run passed: no violation and everything converged.
     pub fn passed(&self) -> bool {
-        self.verdict.violations.is_empty() && self.not_converged.is_empty()
+        self.verdict.violations.is_empty()
+            && self.not_converged.is_empty()
+            && self.database.is_empty()
     }
 }
 
@@ -241,9 +247,17 @@ async fn drive(
             initial.join("\n  ")
         );
     }
-    timeline.note("initial templates converged; the nemesis starts");
+    timeline.note("initial templates converged; starting the database and its client");
+    let database = database::DatabaseRun::start(
+        &federation.lab,
+        crate::federation::LEASE_DURATION_SECONDS,
+        timeline,
+    )
+    .await?;
+    timeline.note("the nemesis starts");
 
     let start = timeline.start_clock();
+    let database_until = Instant::now() + Duration::from_secs(settings.seconds);
     let running = AtomicBool::new(true);
     let work = async {
         let faults = futures::future::join_all(
@@ -257,7 +271,11 @@ async fn drive(
         running.store(false, Ordering::SeqCst);
         results
     };
-    let (fault_results, ()) = tokio::join!(work, nemesis.watch_leader(&running));
+    let (fault_results, (), database_faults) = tokio::join!(
+        work,
+        nemesis.watch_leader(&running),
+        database.nemesis(settings.seed, database_until, timeline)
+    );
     let operations_done = jiff::Timestamp::now();
     federation.lab.heal_all()?;
     nemesis.heal_everything()?;
@@ -303,6 +321,9 @@ async fn drive(
         .await;
         std::fs::write(settings.out_dir.join("final-state.txt"), state)?;
     }
+    let database_verdict = database
+        .finish(settings.converge, database_faults, timeline)
+        .await;
     timeline.note(if not_converged.is_empty() {
         format!(
             "converged {:.1} s after {from:.3}",
@@ -379,13 +400,20 @@ async fn drive(
         &faults,
         &verdict,
         &not_converged,
+        &database_verdict.problems(),
         records.len(),
         unreadable,
     );
+    let mut report = report;
+    for problem in database_verdict.problems() {
+        let _ = writeln!(report, "VIOLATION {problem}");
+    }
+    let _ = writeln!(report, "{}", database_verdict.summary());
     println!("{report}");
     Ok(Outcome {
         verdict,
         not_converged,
+        database: database_verdict.problems(),
         report,
     })
 }
@@ -417,11 +445,12 @@ fn report(
     faults: &FaultWindows,
     verdict: &Verdict,
     not_converged: &[String],
+    database: &[String],
     audit_lines: usize,
     unreadable: usize,
 ) -> String {
     let mut out = String::new();
-    let passed = verdict.violations.is_empty() && not_converged.is_empty();
+    let passed = verdict.violations.is_empty() && not_converged.is_empty() && database.is_empty();
     let _ = writeln!(
         out,
         "\n=== chaos: {} (seed {}, {} s, {} faults, {} operations)",

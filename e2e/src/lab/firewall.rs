@@ -92,6 +92,37 @@ pub fn cut_port(cluster: &str, address: Ipv4Addr, port: u16) -> Result<()> {
     )
 }
 
+/// Removes the rule [`cut_port`] added for `address`:`port` (and nothing else of the
+/// cluster's); gone already (a heal of the cluster took it) is fine.
+pub fn uncut_port(cluster: &str, address: Ipv4Addr, port: u16) -> Result<()> {
+    let tag = format!("{}{cluster}", tag_prefix());
+    let destination = format!("{address}/32");
+    let port = port.to_string();
+    let rule = [
+        "-d",
+        destination.as_str(),
+        "-p",
+        "tcp",
+        "--dport",
+        port.as_str(),
+        "-m",
+        "comment",
+        "--comment",
+        tag.as_str(),
+        "-j",
+        "DROP",
+    ];
+    let with = |command: &'static str| {
+        let mut args = vec![command, "INPUT"];
+        args.extend_from_slice(&rule);
+        args
+    };
+    while iptables(&with("-C")).is_ok() {
+        iptables(&with("-D"))?;
+    }
+    Ok(())
+}
+
 /// Drops the packets `matches` selects, by a rule tagged with `cluster` (so [`heal`]
 /// finds it), inserted once.
 fn drop_tagged(cluster: &str, matches: &[&str], what: &str) -> Result<()> {
