@@ -426,6 +426,9 @@ echo
 echo "== bulkhead switchover db/ledger --to $to -n shop"
 "$bulkhead" switchover db/ledger --to "$to" -n shop --kubeconfig "$hub_kubeconfig" || true
 wait_until "$from follows $to" 60 ledger_is_replica "$from"
+# Its instances rewind onto the new primary's history first (not ready meanwhile).
+ledger_reads() { RUST_BACKTRACE=0 e2e/lab db-url "$1" shop ledger-r >/dev/null 2>&1; }
+wait_until "$from serves reads again (ledger-r)" 60 ledger_reads "$from"
 echo "== a write in $to now (ledger-rw), read in $from, a replica cluster of $to"
 sql "$to" ledger-rw "INSERT INTO entries (note) VALUES ('written in $to after the switchover')"
 sleep 1
