@@ -1028,12 +1028,13 @@ async fn join_can_install_the_agent_and_unjoin_removes_it() -> Result<()> {
             "",
             false,
         ),
-        // Secrets: the databases' own, read and made once; never listed, changed or
-        // deleted.
+        // Secrets: the databases' own, read and made once; never listed or deleted, their
+        // data never changed.
         (agent_account, "get", "", "secrets", "shop", "", true),
         (agent_account, "create", "", "secrets", "shop", "", true),
         (agent_account, "list", "", "secrets", "shop", "", false),
-        (agent_account, "patch", "", "secrets", "shop", "", false),
+        // patch: only the owner reference, to keep them with kept claims.
+        (agent_account, "patch", "", "secrets", "shop", "", true),
         (agent_account, "delete", "", "secrets", "shop", "", false),
         // Pods: watched, their role label patched, deleted one by one by a database
         // upgrade; never updated or created.
