@@ -196,6 +196,19 @@ pub fn legacy_config_map_name(database: &str) -> String {
 pub fn instance_secret_name(database: &str) -> String {
     format!("{database}-instance")
 }
+/// The lease a database pod's instance manager was started with (`--agent-lease=` in its
+/// container's command or arguments): a pod created before the agent's flag changed
+/// keeps its own until it is replaced, and its primary demotes itself by that one.
+pub fn pod_agent_lease(pod: &k8s_openapi::api::core::v1::Pod) -> Option<std::time::Duration> {
+    pod.spec
+        .as_ref()?
+        .containers
+        .iter()
+        .flat_map(|c| c.command.iter().flatten().chain(c.args.iter().flatten()))
+        .find_map(|arg| arg.strip_prefix("--agent-lease="))
+        .and_then(|value| crate::hub::parse_duration(value).ok())
+}
+
 /// The application's credentials, as CloudNativePG names them.
 pub fn app_secret_name(database: &str) -> String {
     format!("{database}-app")
@@ -733,6 +746,30 @@ mod tests {
             0,
             "scaled to zero: every pod stops"
         );
+    }
+
+    #[test]
+    fn a_pods_own_agent_lease_is_read_from_its_command() {
+        let db = orders();
+        let template = statefulset(
+            &db,
+            &PodSettings {
+                agent_lease_seconds: 30.0,
+                ..Default::default()
+            },
+        )
+        .spec
+        .unwrap()
+        .template;
+        let pod = k8s_openapi::api::core::v1::Pod {
+            spec: template.spec,
+            ..Default::default()
+        };
+        assert_eq!(
+            pod_agent_lease(&pod),
+            Some(std::time::Duration::from_secs(30))
+        );
+        assert_eq!(pod_agent_lease(&Default::default()), None);
     }
 
     #[test]

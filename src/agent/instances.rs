@@ -222,6 +222,22 @@ struct Loop {
     settings: InstanceSettings,
 }
 
+/// The lease the recorded primary demotes itself by: the one its pod was started with
+/// when that is longer than the agent's own (a pod older than a change of the flag), so
+/// the order of the two timers holds whatever the flags were when each pod was made.
+fn primary_lease(
+    settings: &InstanceSettings,
+    pods: &[Arc<Pod>],
+    primary: Option<&str>,
+) -> Duration {
+    let own = primary
+        .and_then(|name| pods.iter().find(|p| p.name_any() == name))
+        .and_then(|pod| builders::pod_agent_lease(pod));
+    own.map_or(settings.instance_lease, |own| {
+        own.max(settings.instance_lease)
+    })
+}
+
 /// `key` and the object's UID: one life of a database.
 fn life(database: &MyDatabase) -> String {
     format!("{}/{}", key(database), database.uid().unwrap_or_default())
@@ -485,7 +501,7 @@ impl Loop {
                 primary_silent_for: (!primary_answers).then(|| now - tracked.primary_seen),
                 failover_after: self.settings.failover_after,
                 primary_may_write_for: (tracked.primary_told
-                    + self.settings.instance_lease
+                    + primary_lease(&self.settings, &pods, recorded.primary.as_deref())
                     + DEMOTION_ALLOWANCE)
                     .saturating_duration_since(now),
                 port: POSTGRES_PORT as u16,
