@@ -705,7 +705,10 @@ async fn cleanup(database: &MyDatabase, context: &Context) -> Result<Action, Rec
                     .patch(
                         &secret,
                         &PatchParams::default(),
-                        &Patch::Merge(&serde_json::json!({"metadata": {"ownerReferences": null}})),
+                        &Patch::Merge(&serde_json::json!({"metadata": {
+                            "ownerReferences": null,
+                            "labels": {volumes::LABEL_RELEASED: "true"},
+                        }})),
                     )
                     .await
                 {
@@ -750,8 +753,8 @@ pub fn owned_kinds(client: &Client, namespace: Option<&str>) -> (Api<StatefulSet
 }
 
 /// Creates `secret` unless one of its name exists (whatever it holds: it is never
-/// overwritten). One kept by an earlier database of this name (its claims kept, so its
-/// data holds these passwords) is taken back: owned by this one again.
+/// overwritten). One a deletion of an earlier database of this name released (its claims
+/// kept, so its data holds these passwords) is taken back: owned by this one again.
 async fn create_once(
     client: &Client,
     namespace: &str,
@@ -766,15 +769,21 @@ async fn create_once(
         source,
     };
     if let Some(existing) = api.get_opt(&name).await.map_err(|e| error("reading", e))? {
-        let owners = existing.metadata.owner_references.unwrap_or_default();
-        if owners.is_empty()
-            && let Some(owner) = secret.metadata.owner_references.clone()
-        {
+        // Only one a deletion released (labelled so): a Secret a person made under that
+        // name stays theirs (never owned, so never garbage-collected with the database).
+        let released = existing
+            .labels()
+            .get(volumes::LABEL_RELEASED)
+            .is_some_and(|v| v == "true");
+        if released && let Some(owner) = secret.metadata.owner_references.clone() {
             tracing::info!(%object, secret = %name, "taking back the Secret kept from an earlier database of this name");
             api.patch(
                 &name,
                 &PatchParams::default(),
-                &Patch::Merge(&serde_json::json!({"metadata": {"ownerReferences": owner}})),
+                &Patch::Merge(&serde_json::json!({"metadata": {
+                    "ownerReferences": owner,
+                    "labels": {volumes::LABEL_RELEASED: null},
+                }})),
             )
             .await
             .map_err(|e| error("taking back", e))?;
@@ -1345,6 +1354,17 @@ mod tests {
             ],
             "no DELETE of a claim: {calls:#?}"
         );
+        // The Secrets go with the claims: no longer owned (the garbage collector leaves
+        // them), labelled released (only such a Secret is taken back by a new database).
+        for secret in requests
+            .iter()
+            .filter(|r| r.call.starts_with(&format!("PATCH {SECRETS}/")))
+        {
+            assert_eq!(
+                secret.body,
+                serde_json::json!({"metadata": {"ownerReferences": null, "labels": {"example.com/released": "true"}}})
+            );
+        }
         for patch in patched_claims(&requests) {
             assert_eq!(patch.content_type, "application/merge-patch+json");
             let metadata = &patch.body["metadata"];
