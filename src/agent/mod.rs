@@ -111,24 +111,32 @@ pub struct AgentOptions {
 /// instance as `--agent-lease`) plus its demotion and a round, so a standby is never
 /// promoted while the old primary may still acknowledge a write.
 pub fn failover_after(options: &AgentOptions) -> std::result::Result<Duration, String> {
-    let lease = Duration::from_secs_f64(options.lease_duration_seconds.max(0.0));
+    // Seconds as a duration: positive and representable (a flag of 1e30 or NaN is an
+    // error here, not a panic later).
+    let seconds = |flag: &str, value: f64| {
+        Duration::try_from_secs_f64(value)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| format!("{flag} {value} is not a positive number of seconds"))
+    };
+    let lease = seconds("--lease-duration-seconds", options.lease_duration_seconds)?;
     let shortest =
         instances::shortest_safe_failover(lease, instances::InstanceSettings::default().round);
-    match options.failover_after_seconds {
-        None => Ok(shortest),
-        Some(seconds)
-            if seconds.is_finite() && Duration::from_secs_f64(seconds.max(0.0)) >= shortest =>
-        {
-            Ok(Duration::from_secs_f64(seconds))
-        }
-        Some(seconds) => Err(format!(
-            "--failover-after-seconds {seconds} is shorter than --lease-duration-seconds {} plus {} s: a database's primary demotes itself only {} s after the agent last reached it, so a standby promoted sooner could take writes beside it, and writes acknowledged by the old primary would be lost. Set --failover-after-seconds to at least {}, or leave it unset",
-            options.lease_duration_seconds,
-            (shortest - lease).as_secs_f64(),
-            options.lease_duration_seconds,
-            shortest.as_secs_f64()
-        )),
+    let Some(asked) = options.failover_after_seconds else {
+        return Ok(shortest);
+    };
+    let asked = seconds("--failover-after-seconds", asked)?;
+    if asked >= shortest {
+        return Ok(asked);
     }
+    Err(format!(
+        "--failover-after-seconds {} is shorter than --lease-duration-seconds {} plus {} s: a database's primary demotes itself only {} s after the agent last reached it, so a standby promoted sooner could take writes beside it, and writes acknowledged by the old primary would be lost. Set --failover-after-seconds to at least {}, or leave it unset",
+        asked.as_secs_f64(),
+        options.lease_duration_seconds,
+        (shortest - lease).as_secs_f64(),
+        options.lease_duration_seconds,
+        shortest.as_secs_f64()
+    ))
 }
 
 /// Runs the agent until SIGTERM.
@@ -297,6 +305,23 @@ mod tests {
         );
         let refused = failover_after(&options(&["--failover-after-seconds", "5"]))
             .expect_err("5 s is sooner than the primary's 10 s lease");
+        for (flag, value) in [
+            ("--failover-after-seconds", "1e30"),
+            ("--failover-after-seconds=-1", ""),
+            ("--lease-duration-seconds", "NaN"),
+        ] {
+            let args: Vec<&str> = [flag, value]
+                .into_iter()
+                .filter(|a| !a.is_empty())
+                .collect();
+            let refused =
+                failover_after(&options(&args)).expect_err("not a usable number of seconds");
+            let flag = flag.split('=').next().unwrap_or_default();
+            assert!(
+                refused.contains(flag) && refused.contains("positive"),
+                "{refused}"
+            );
+        }
         assert!(
             refused.contains("--failover-after-seconds 5")
                 && refused.contains("--lease-duration-seconds 10")
