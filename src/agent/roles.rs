@@ -432,17 +432,7 @@ fn wal_end(status: &InstanceStatus) -> (u32, u64) {
 
 /// The answering instance whose WAL ends latest; the first by ordinal among equals.
 fn latest_wal<'a>(instances: &'a [Instance<'a>]) -> Option<&'a Instance<'a>> {
-    let mut best: Option<(&Instance<'a>, (u32, u64))> = None;
-    for instance in instances {
-        let Some(status) = instance.status else {
-            continue;
-        };
-        let end = wal_end(status);
-        if best.is_none_or(|(_, latest)| end > latest) {
-            best = Some((instance, end));
-        }
-    }
-    best.map(|(instance, _)| instance)
+    latest_where(instances, |_, _| true)
 }
 
 /// The answering, ready standby (not `primary`, one `eligible` names) with the latest WAL
@@ -452,19 +442,24 @@ fn most_wal<'a>(
     primary: &str,
     eligible: &dyn Fn(&str) -> bool,
 ) -> Option<&'a Instance<'a>> {
+    latest_where(instances, |instance, status| {
+        instance.pod != primary && eligible(instance.pod) && status.ready
+    })
+}
+
+/// Of the answering instances `chosen` accepts, the one whose WAL ends latest; the first
+/// by ordinal among equals.
+fn latest_where<'a>(
+    instances: &'a [Instance<'a>],
+    chosen: impl Fn(&Instance<'a>, &InstanceStatus) -> bool,
+) -> Option<&'a Instance<'a>> {
     let mut best: Option<(&Instance<'a>, (u32, u64))> = None;
     for instance in instances {
-        if instance.pod == primary || !eligible(instance.pod) {
-            continue;
-        }
-        let Some(status) = instance.status else {
+        let Some(status) = instance.status.filter(|s| chosen(instance, s)) else {
             continue;
         };
-        if !status.ready {
-            continue;
-        }
         let end = wal_end(status);
-        if best.is_none_or(|(_, most)| end > most) {
+        if best.is_none_or(|(_, latest)| end > latest) {
             best = Some((instance, end));
         }
     }
