@@ -36,7 +36,17 @@ pub struct Named<'a> {
     pub name: &'a str,
 }
 
-impl Named<'_> {
+impl<'a> Named<'a> {
+    /// The template of kind `resource` at `namespace/name`.
+    pub fn of(resource: &'a ApiResource, namespace: &'a str, name: &'a str) -> Self {
+        Named {
+            api_version: &resource.api_version,
+            kind: &resource.kind,
+            namespace,
+            name,
+        }
+    }
+
     fn matches(&self, row: &PendingCleanup) -> bool {
         row.api_version == self.api_version
             && row.kind == self.kind

@@ -516,12 +516,7 @@ async fn cleanup_after_template(
 fn recorded_cleanups(context: &Context, key: &ObjectKey, resource: &ApiResource) -> Vec<String> {
     pending_cleanups::recorded(
         &context.stores.members.state(),
-        &pending_cleanups::Named {
-            api_version: &resource.api_version,
-            kind: &resource.kind,
-            namespace: &key.namespace,
-            name: &key.name,
-        },
+        &pending_cleanups::Named::of(resource, &key.namespace, &key.name),
     )
 }
 
@@ -591,12 +586,7 @@ async fn settle_recorded(
     recorded: &[String],
     planned: &Planned,
 ) -> Option<Duration> {
-    let named = pending_cleanups::Named {
-        api_version: &resource.api_version,
-        kind: &resource.kind,
-        namespace: &key.namespace,
-        name: &key.name,
-    };
+    let named = pending_cleanups::Named::of(resource, &key.namespace, &key.name);
     let mut again = None;
     for cluster in recorded {
         let member = planned.members.iter().find(|m| &m.cluster == cluster);
